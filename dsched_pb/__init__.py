@@ -1,0 +1,1 @@
+"""Generated gRPC stubs for proto/dsched.proto (run `make proto`; never edit)."""

@@ -1,0 +1,36 @@
+"""Shared fixtures. Cgroup tests use the real kernel interface; they skip with a
+reason when it is missing, and fail instead when DSCHED_REQUIRE_CGROUPS=1 (CI)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
+
+
+def _cgroup_v1_cpu_writable() -> str | None:
+    """None when a v1 cpu hierarchy is mounted and writable, else why not."""
+    if not (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists():
+        return f"no cgroup v1 cpu controller at {CGROUP_V1_CPU}"
+    if not os.access(CGROUP_V1_CPU, os.W_OK):
+        return f"{CGROUP_V1_CPU} is not writable (not root?)"
+    return None
+
+
+def require_cgroups() -> None:
+    """Skip (or, under DSCHED_REQUIRE_CGROUPS=1, fail) when real cgroups are missing."""
+    why = _cgroup_v1_cpu_writable()
+    if why is None:
+        return
+    if os.environ.get("DSCHED_REQUIRE_CGROUPS") == "1":
+        pytest.fail(f"cgroups unavailable but DSCHED_REQUIRE_CGROUPS=1: {why}")
+    pytest.skip(f"cgroups unavailable: {why}")
+
+
+@pytest.fixture
+def cgroup_v1_cpu() -> Path:
+    require_cgroups()
+    return CGROUP_V1_CPU

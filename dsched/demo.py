@@ -1,9 +1,253 @@
-"""Run a controller, a local agent and the live WordCount testbed under a changing input rate."""
+"""The main job on embedded defaults: a controller, a local agent and the live
+WordCount testbed (source → split → count, real threads doing real CPU work)
+under a rising and falling input rate.
+
+Runs in enforce mode when this machine's cgroups are writable (caps land under
+/sys/fs/cgroup/cpu/<cgroup-root>/...), otherwise in dry-run with one line
+saying why. Every epoch prints a table; the end prints a summary. With --json
+the epochs and the summary are written for later analysis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from testbed.live.cluster import (
+    CGROUP_V1_CPU,
+    LocalCluster,
+    NodeSpec,
+    cgroups_writable,
+    metric_value,
+    scrape,
+)
+from testbed.live.engine import LiveTopology
+from testbed.live.wordcount import FANOUT, wordcount
+
+CONTROLLER_METRICS = (
+    "dsched_agents_connected",
+    "dsched_dry_run",
+    "dsched_controller_epoch_duration_seconds",
+    "dsched_instance_cpu_cap_cores",
+    "dsched_operator_predicted_rate_tuples_per_second",
+)
+AGENT_METRICS = (
+    "dsched_agent_threads_managed",
+    "dsched_instance_cpu_usage_cores",
+    "dsched_agent_cap_writes_total",
+    "dsched_agent_rejected_directives_total",
+)
 
 
-def add_arguments(parser):
-    parser.add_argument("--duration", type=float, default=120.0)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of input (default 120)")
+    p.add_argument(
+        "--mode", choices=["enforce", "dry-run"],
+        help="default: enforce when cgroups are writable, else dry-run",
+    )
+    p.add_argument("--json", type=Path, help="write epochs and summary as JSON to this path")
+    p.add_argument("--slot-seconds", type=float, default=2.0, help="control period (default 2)")
+    p.add_argument("--peak-rate", type=float, default=300.0, help="peak sentences/s (default 300)")
+    p.add_argument("--low-rate", type=float, default=40.0, help="lowest sentences/s (default 40)")
+    p.add_argument("--parallelism", type=int, default=4, help="instances per operator (default 4)")
+    p.add_argument("--cgroup-root", default="dsched", help="agent's cgroup directory (default dsched)")
+    p.add_argument("--workdir", type=Path, help="state, sockets and logs (default: a temp dir)")
+    p.add_argument(
+        "--cpu-period-us", type=int, default=10_000,
+        help="CFS period the agent uses (default 10000: short periods keep a throttled "
+        "thread from stalling its process's other threads for long)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no per-epoch tables")
 
 
-def run(args) -> int:
-    raise SystemExit("dsched demo: not built yet")
+def triangle_rate(duration: float, low: float, high: float):
+    """Rise from low to high over the first half of the run, fall over the second."""
+
+    def rate(t: float) -> float:
+        phase = min(max(t / duration, 0.0), 1.0)
+        return low + (high - low) * (1.0 - abs(2.0 * phase - 1.0))
+
+    return rate
+
+
+def epoch_table(rec: dict[str, Any]) -> Table:
+    apps = sorted({o["app"] for o in rec["operators"]})
+    t = Table(title=f"epoch {rec['epoch']} ({rec['mode']}) {', '.join(apps)}", title_justify="left")
+    for col in ("operator", "arrival/s", "predicted/s", "cap", "CPU", "queue", "latency ms"):
+        t.add_column(col, justify="left" if col == "operator" else "right")
+    for o in rec["operators"]:
+        lat = o["latency_ms"]
+        t.add_row(
+            o["operator"] if len(apps) == 1 else f"{o['app']}/{o['operator']}",
+            f"{o['arrival_rate']:.0f}", f"{o['predicted_rate']:.0f}",
+            f"{o['cap_cores']:.2f}", f"{o['usage_cores']:.2f}", f"{o['queue']:.0f}",
+            "-" if lat is None else f"{lat:.1f}",
+        )
+    return t
+
+
+def cap_errors(records: list[dict[str, Any]]) -> list[float]:
+    """|usage − cap| of capped instances that the kernel throttled during a slot
+    whose cap did not change (a cap changed mid-slot has no single target)."""
+    errors = []
+    prev_caps: dict[tuple, float | None] = {}
+    for rec in records:
+        for i in rec["instances"]:
+            key = (i["app"], i["operator"], i["instance"])
+            cap = i.get("cap_in_force")
+            throttled = i.get("throttled_seconds") or 0.0
+            if cap and throttled > 0 and prev_caps.get(key) == cap:
+                errors.append(abs(i["usage_cores"] - cap))
+            prev_caps[key] = cap
+    return errors
+
+
+def _cgroup_dirs(root: Path) -> list[str]:
+    if not root.exists():
+        return []
+    return sorted(str(p.relative_to(root.parent)) for p in root.rglob("*") if p.is_dir())
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    writable, why = cgroups_writable()
+    mode = args.mode or ("enforce" if writable else "dry-run")
+    if mode == "enforce" and not writable:
+        console.print(f"[yellow]enforce requested but {why}; running in dry-run[/]")
+        mode = "dry-run"
+    elif args.mode is None and not writable:
+        console.print(f"[yellow]dry-run: {why}[/]")
+    cgroup_root = CGROUP_V1_CPU / args.cgroup_root
+    cgroups_before = cgroup_root.exists()
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dsched-demo-"))
+    cluster = LocalCluster(
+        workdir,
+        mode=mode,
+        slot_seconds=args.slot_seconds,
+        controller_config={"theta_cores": 0.05, "headroom_cores": 0.1, "min_cap_cores": 0.05},
+        nodes=[NodeSpec("local", cgroup_root=args.cgroup_root, extra_config={"cpu_period_us": args.cpu_period_us})],
+        agent_dry_run=(mode == "dry-run"),
+    )
+    spec = wordcount(parallelism=args.parallelism)
+    rate = triangle_rate(args.duration, args.low_rate, args.peak_rate)
+    console.print(
+        f"dsched demo: mode [bold]{mode}[/], {args.duration:.0f} s, slot {args.slot_seconds:g} s, "
+        f"WordCount {args.parallelism}x3 instances, {args.low_rate:.0f}→{args.peak_rate:.0f}→"
+        f"{args.low_rate:.0f} sentences/s (~{spec.cpu_per_root_ms(FANOUT) * args.peak_rate / 1000:.2f} "
+        f"cores at peak); logs in {workdir}"
+    )
+    interrupted = threading.Event()
+    old_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    records: list[dict[str, Any]] = []
+    observed: dict[str, Any] = {"controller_metrics": [], "agent_metrics": [], "cgroups": []}
+    started = time.monotonic()
+    topo = None
+    try:
+        cluster.start()
+        agent = cluster.agents["local"]
+        topo = LiveTopology(spec, rate, node="local", agent_socket=str(agent.socket))
+        topo.start()
+        last_epoch, checked = 0, False
+        while time.monotonic() - started < args.duration and not interrupted.is_set():
+            time.sleep(0.25)
+            rec = cluster.plan()
+            if rec and rec["epoch"] != last_epoch and rec["operators"]:
+                last_epoch = rec["epoch"]
+                records.append(rec)
+                if not args.quiet:
+                    console.print(epoch_table(rec))
+            if not checked and time.monotonic() - started > args.duration / 2:
+                checked = True
+                observed.update(_observe(cluster, agent.metrics, cgroup_root))
+        stats = topo.stop()
+        topo = None
+        agent_text = scrape(agent.metrics)
+        caps_applied = metric_value(agent_text, "dsched_agent_cap_writes_total") or 0.0
+    finally:
+        if topo is not None:
+            topo.stop(drain_timeout=10)
+        cluster.stop()
+        signal.signal(signal.SIGINT, old_handler)
+
+    errors = cap_errors(records)
+    lat = sorted(stats.latencies)
+    summary = {
+        "tuples_in": stats.roots,
+        "tuples_done": stats.completed,
+        "lost": stats.lost,
+        "duplicated": stats.duplicated,
+        "failed": stats.failed,
+        "caps_applied": int(caps_applied),
+        "cap_error_cores_p50": statistics.median(errors) if errors else None,
+        "cap_error_samples": len(errors),
+        "latency_ms_mean": 1000 * statistics.fmean(lat) if lat else None,
+        "latency_ms_p99": 1000 * lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] if lat else None,
+        "epochs": len(records),
+        "interrupted": interrupted.is_set(),
+        "cgroups_created": (not cgroups_before) and bool(observed["cgroups"]),
+        "cgroups_left_after": _cgroup_dirs(cgroup_root) if not cgroups_before else None,
+    }
+    doc = {
+        "mode": mode,
+        "duration_seconds": args.duration,
+        "slot_seconds": args.slot_seconds,
+        "observed_while_running": observed,
+        "epochs": [
+            {
+                "epoch": r["epoch"],
+                "operators": [
+                    {
+                        "app": o["app"], "operator": o["operator"], "arrival": o["arrival_rate"],
+                        "predicted": o["predicted_rate"], "cap_cores": o["cap_cores"],
+                        "usage_cores": o["usage_cores"], "queue": o["queue"],
+                        "latency_ms": o["latency_ms"],
+                    }
+                    for o in r["operators"]
+                ],
+            }
+            for r in records
+        ],
+        "summary": summary,
+    }
+    _print_summary(console, summary, mode)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2, default=float) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0 if summary["lost"] == 0 else 1
+
+
+def _observe(cluster: LocalCluster, agent_metrics: str, cgroup_root: Path) -> dict[str, Any]:
+    """What an operator would check mid-run: both /metrics and the cgroup tree."""
+    ctrl = scrape(cluster.metrics)
+    agent = scrape(agent_metrics)
+    return {
+        "controller_metrics": [m for m in CONTROLLER_METRICS if m in ctrl],
+        "agent_metrics": [m for m in AGENT_METRICS if m in agent],
+        "cgroups": _cgroup_dirs(cgroup_root),
+    }
+
+
+def _print_summary(console: Console, s: dict[str, Any], mode: str) -> None:
+    t = Table(title=f"summary ({mode})", title_justify="left", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    for k, v in s.items():
+        if isinstance(v, float):
+            v = f"{v:.3f}"
+        elif isinstance(v, list):
+            v = f"{len(v)} dirs"
+        t.add_row(k, str(v))
+    console.print(t)

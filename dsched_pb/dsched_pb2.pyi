@@ -84,7 +84,7 @@ class InstanceKey(_message.Message):
     def __init__(self, app: _Optional[str] = ..., operator: _Optional[str] = ..., instance: _Optional[int] = ...) -> None: ...
 
 class InstanceSample(_message.Message):
-    __slots__ = ("key", "worker", "stateful", "tids", "pid", "cpu_seconds_total", "cpu_usage_cores", "received_total", "executed_total", "emitted_total", "queue_length", "latency_sum_seconds_total", "latency_count_total", "cap_cores", "throttled_periods_total", "throttled_seconds_total", "periods_total", "service_seconds_total")
+    __slots__ = ("key", "worker", "stateful", "tids", "pid", "cpu_seconds_total", "cpu_usage_cores", "received_total", "executed_total", "emitted_total", "queue_length", "latency_sum_seconds_total", "latency_count_total", "cap_cores", "throttled_periods_total", "throttled_seconds_total", "periods_total", "service_seconds_total", "upstream")
     KEY_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     STATEFUL_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class InstanceSample(_message.Message):
     THROTTLED_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PERIODS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SERVICE_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_FIELD_NUMBER: _ClassVar[int]
     key: InstanceKey
     worker: str
     stateful: bool
@@ -121,7 +122,8 @@ class InstanceSample(_message.Message):
     throttled_seconds_total: float
     periods_total: int
     service_seconds_total: float
-    def __init__(self, key: _Optional[_Union[InstanceKey, _Mapping]] = ..., worker: _Optional[str] = ..., stateful: _Optional[bool] = ..., tids: _Optional[_Iterable[int]] = ..., pid: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., cpu_usage_cores: _Optional[float] = ..., received_total: _Optional[int] = ..., executed_total: _Optional[int] = ..., emitted_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., latency_sum_seconds_total: _Optional[float] = ..., latency_count_total: _Optional[int] = ..., cap_cores: _Optional[float] = ..., throttled_periods_total: _Optional[int] = ..., throttled_seconds_total: _Optional[float] = ..., periods_total: _Optional[int] = ..., service_seconds_total: _Optional[float] = ...) -> None: ...
+    upstream: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[_Union[InstanceKey, _Mapping]] = ..., worker: _Optional[str] = ..., stateful: _Optional[bool] = ..., tids: _Optional[_Iterable[int]] = ..., pid: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., cpu_usage_cores: _Optional[float] = ..., received_total: _Optional[int] = ..., executed_total: _Optional[int] = ..., emitted_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., latency_sum_seconds_total: _Optional[float] = ..., latency_count_total: _Optional[int] = ..., cap_cores: _Optional[float] = ..., throttled_periods_total: _Optional[int] = ..., throttled_seconds_total: _Optional[float] = ..., periods_total: _Optional[int] = ..., service_seconds_total: _Optional[float] = ..., upstream: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InterfaceBytes(_message.Message):
     __slots__ = ("name", "rx_bytes_total", "tx_bytes_total")

@@ -1,0 +1,134 @@
+"""Agent configuration: the `/etc/dsched/agent.toml` keys as one dataclass.
+
+Loaded with :func:`dsched.config.load_config`; every impossible value fails at
+startup with a :class:`~dsched.config.ConfigError` that names the key.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsched.config import ConfigError, is_loopback, parse_hostport, require
+from dsched.names import InvalidName, check_name
+
+DEFAULT_CONFIG_PATH = Path("/etc/dsched/agent.toml")
+CGROUP_MODES = ("auto", "v1", "v2")
+FALLBACK_POLICIES = ("hold", "release")
+DEFAULT_V1_MOUNT = "/sys/fs/cgroup/cpu"
+DEFAULT_V2_MOUNT = "/sys/fs/cgroup"
+
+
+@dataclass
+class TlsConfig:
+    """Client TLS towards the controller; all three empty means plaintext."""
+
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.ca or self.cert or self.key)
+
+    def validate(self) -> None:
+        require(bool(self.cert) == bool(self.key), "tls.cert", "cert and key must be given together")
+        if self.enabled:
+            require(bool(self.ca), "tls.ca", "a CA file is required when TLS is configured")
+        for name in ("ca", "cert", "key"):
+            value = getattr(self, name)
+            require(not value or Path(value).is_file(), f"tls.{name}", f"file {value} does not exist")
+
+
+@dataclass
+class DiscoveryRule:
+    """Find instance threads in processes nobody registered.
+
+    ``cmdline`` selects processes (regex searched in the space-joined command
+    line); ``thread_name`` must match a thread's name and name the groups
+    ``operator`` and ``instance`` (and optionally ``app``, else ``app`` is used).
+    ``jvm`` reads full thread names with ``jcmd <pid> Thread.print`` because
+    /proc comm is cut at 15 characters.
+    """
+
+    cmdline: str = ""
+    thread_name: str = ""
+    app: str = ""
+    worker: str = ""
+    stateful: bool = False
+    jvm: bool = False
+
+    def validate(self) -> None:
+        for key in ("cmdline", "thread_name"):
+            try:
+                re.compile(getattr(self, key))
+            except re.error as exc:
+                raise ConfigError(key, f"invalid regex: {exc}") from None
+        require(bool(self.cmdline), "cmdline", "must not be empty")
+        groups = re.compile(self.thread_name).groupindex
+        for g in ("operator", "instance"):
+            require(g in groups, "thread_name", f"needs a named group (?P<{g}>...)")
+        require("app" in groups or bool(self.app), "app", "give app or a (?P<app>...) group")
+
+
+@dataclass
+class AgentConfig:
+    """All agent settings; the defaults suit a single node talking to a local controller."""
+
+    controller: str = "127.0.0.1:7700"
+    node_id: str = field(default_factory=socket.gethostname)
+    cgroup_root: str = "dsched"
+    cgroup_mode: str = "auto"
+    # Empty means the kernel's usual place for the chosen mode.
+    cgroup_mount: str = ""
+    metrics: str = "127.0.0.1:9709"
+    socket: str = "/run/dsched/agent.sock"
+    dry_run: bool = False
+    slot_seconds: float = 10.0
+    sample_seconds: float = 1.0
+    lease_epochs: int = 3
+    fallback: str = "hold"
+    report_buffer: int = 360
+    cpu_period_us: int = 100_000
+    resctrl_mount: str = "/sys/fs/resctrl"
+    proc_root: str = "/proc"
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    allow_plaintext_remote: bool = False
+    discovery: list[DiscoveryRule] = field(default_factory=list)
+    discovery_seconds: float = 10.0
+
+    def validate(self) -> None:
+        host, _ = parse_hostport("controller", self.controller)
+        parse_hostport("metrics", self.metrics)
+        try:
+            check_name("node_id", self.node_id)
+        except InvalidName as exc:
+            raise ConfigError("node_id", str(exc)) from None
+        try:
+            check_name("cgroup_root", self.cgroup_root)
+        except InvalidName as exc:
+            raise ConfigError("cgroup_root", str(exc)) from None
+        require(self.cgroup_mode in CGROUP_MODES, "cgroup_mode", f"one of {', '.join(CGROUP_MODES)}")
+        require(self.fallback in FALLBACK_POLICIES, "fallback", f"one of {', '.join(FALLBACK_POLICIES)}")
+        require(bool(self.socket), "socket", "must not be empty")
+        require(self.slot_seconds > 0, "slot_seconds", "must be > 0")
+        require(self.sample_seconds > 0, "sample_seconds", "must be > 0")
+        require(
+            self.sample_seconds <= self.slot_seconds,
+            "sample_seconds",
+            "must not exceed slot_seconds",
+        )
+        require(self.lease_epochs >= 1, "lease_epochs", "must be >= 1")
+        require(self.report_buffer >= 1, "report_buffer", "must be >= 1")
+        # The kernel accepts CFS periods from 1 ms to 1 s.
+        require(1000 <= self.cpu_period_us <= 1_000_000, "cpu_period_us", "must be in [1000, 1000000]")
+        require(self.discovery_seconds > 0, "discovery_seconds", "must be > 0")
+        self.tls.validate()
+        require(
+            self.tls.enabled or is_loopback(host) or self.allow_plaintext_remote,
+            "controller",
+            f"plaintext gRPC to non-loopback host {host!r} is refused; configure [tls] "
+            "or set allow_plaintext_remote = true",
+        )

@@ -1,0 +1,151 @@
+"""Discovery by rules, for engines whose instances do not register themselves.
+
+A rule selects processes by a regex over the command line and their instance
+threads by a regex over thread names, with named groups ``operator``,
+``instance`` (and ``app``, unless the rule fixes it). Linux cuts a thread's
+``comm`` at 15 characters, so for JVMs (``jvm = true``) full names come from
+``jcmd <pid> Thread.print``, where ``nid=0x..`` is the OS thread id.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from agent.config import DiscoveryRule
+from agent.node import NodeAgent
+from agent.registry import RegistrationError
+
+log = logging.getLogger(__name__)
+
+# '"name" #12 daemon prio=5 ... nid=0x18d9 ...' (hex before Java 19, decimal after).
+_JCMD_THREAD = re.compile(r'^"(?P<name>(?:[^"\\]|\\.)*)".*?\bnid=(?P<nid>0x[0-9a-fA-F]+|\d+)\b')
+
+
+@dataclass(frozen=True)
+class FoundThread:
+    pid: int
+    tid: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Match:
+    app: str
+    operator: str
+    instance: int
+    worker: str
+    stateful: bool
+    pid: int
+    tid: int
+
+
+def parse_jcmd_threads(text: str) -> dict[int, str]:
+    """TID -> full thread name from ``jcmd <pid> Thread.print`` output."""
+    out = {}
+    for line in text.splitlines():
+        m = _JCMD_THREAD.match(line)
+        if m:
+            nid = m.group("nid")
+            out[int(nid, 16) if nid.startswith("0x") else int(nid)] = m.group("name")
+    return out
+
+
+def jvm_threads(pid: int, timeout: float = 10.0) -> dict[int, str]:
+    try:
+        done = subprocess.run(
+            ["jcmd", str(pid), "Thread.print"], capture_output=True, text=True, timeout=timeout
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("jcmd %d failed: %s", pid, exc)
+        return {}
+    if done.returncode != 0:
+        log.warning("jcmd %d exited %d: %s", pid, done.returncode, done.stdout.strip()[-200:])
+        return {}
+    return parse_jcmd_threads(done.stdout)
+
+
+def proc_threads(proc_root: str | Path, pid: int) -> dict[int, str]:
+    """TID -> comm (at most 15 characters) from /proc."""
+    out = {}
+    try:
+        for task in Path(f"{proc_root}/{pid}/task").iterdir():
+            try:
+                out[int(task.name)] = (task / "comm").read_text().rstrip("\n")
+            except (OSError, ValueError):
+                continue
+    except OSError:
+        pass
+    return out
+
+
+def match_threads(rule: DiscoveryRule, pid: int, threads: dict[int, str]) -> list[Match]:
+    """Threads of one selected process that the rule names as instances."""
+    pattern = re.compile(rule.thread_name)
+    found = []
+    for tid, name in sorted(threads.items()):
+        m = pattern.fullmatch(name) or pattern.search(name)
+        if not m:
+            continue
+        groups = m.groupdict()
+        try:
+            instance = int(groups["instance"])
+        except (TypeError, ValueError):
+            continue
+        found.append(
+            Match(
+                app=groups.get("app") or rule.app,
+                operator=groups["operator"],
+                instance=instance,
+                worker=rule.worker or f"pid{pid}",
+                stateful=rule.stateful,
+                pid=pid,
+                tid=tid,
+            )
+        )
+    return found
+
+
+def matching_processes(rule: DiscoveryRule, processes: Iterable[psutil.Process]) -> list[int]:
+    pattern = re.compile(rule.cmdline)
+    pids = []
+    for proc in processes:
+        try:
+            cmdline = " ".join(proc.cmdline())
+        except (psutil.Error, OSError):
+            continue
+        if cmdline and pattern.search(cmdline):
+            pids.append(proc.pid)
+    return pids
+
+
+class RuleDiscovery:
+    """Registers the threads the configured rules find (periodically, from the daemon loop)."""
+
+    def __init__(self, agent: NodeAgent, rules: list[DiscoveryRule], proc_root: str = "/proc"):
+        self.agent = agent
+        self.rules = rules
+        self.proc_root = proc_root
+
+    def scan(self) -> list[Match]:
+        registered = []
+        processes = list(psutil.process_iter())
+        for rule in self.rules:
+            for pid in matching_processes(rule, processes):
+                threads = jvm_threads(pid) if rule.jvm else proc_threads(self.proc_root, pid)
+                for m in match_threads(rule, pid, threads):
+                    try:
+                        self.agent.register(
+                            m.app, m.operator, m.instance, m.worker, m.stateful, m.pid, m.tid,
+                            source="rule",
+                        )
+                        registered.append(m)
+                    except RegistrationError:
+                        continue
+        return registered

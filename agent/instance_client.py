@@ -1,0 +1,221 @@
+"""Instance side of the registration socket: what an operator instance links in.
+
+Calls from instance threads only touch an in-memory table under a lock; a
+background thread sends registrations and the latest counters every
+``flush_seconds``. When the agent is absent nothing blocks and nothing is
+raised: the client keeps retrying, and on every new connection it registers
+all live instances again (that is how an agent restart is survived).
+
+Names are checked on the spot (ValueError), because a bad name is a bug in the
+instance, not a condition to retry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from collections import deque
+from typing import Any
+
+from dsched.names import check_name
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str, int]
+
+
+def _key(app: str, operator: str, instance: int) -> Key:
+    check_name("app", app)
+    check_name("operator", operator)
+    if isinstance(instance, bool) or not isinstance(instance, int) or instance < 0:
+        raise ValueError(f"instance must be an integer >= 0, got {instance!r}")
+    return (app, operator, instance)
+
+
+class AgentClient:
+    def __init__(self, socket_path: str, flush_seconds: float = 0.5, reply_timeout: float = 2.0):
+        if flush_seconds <= 0:
+            raise ValueError(f"flush_seconds must be > 0, got {flush_seconds!r}")
+        self.socket_path = socket_path
+        self.flush_seconds = flush_seconds
+        self.reply_timeout = reply_timeout
+        self._lock = threading.Lock()
+        self._registrations: dict[tuple[Key, int], dict[str, Any]] = {}
+        self._ops: list[dict[str, Any]] = []
+        self._updates: dict[Key, dict[str, Any]] = {}
+        self._sock: socket.socket | None = None
+        self._reader: Any = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._sent = threading.Condition()
+        self._rounds = 0
+        self.connected = False
+        self.connections = 0
+        # The agent's refusals, newest last, for logs and diagnostics.
+        self.rejections: deque[dict[str, Any]] = deque(maxlen=100)
+        self._thread = threading.Thread(target=self._run, name="dsched-agent-client", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- API
+
+    def register(
+        self, app: str, operator: str, instance: int, worker: str, stateful: bool, tid: int | None = None
+    ) -> None:
+        key = _key(app, operator, instance)
+        check_name("worker", worker)
+        if not isinstance(stateful, bool):
+            raise ValueError(f"stateful must be a bool, got {stateful!r}")
+        tid = threading.get_native_id() if tid is None else tid
+        msg = {
+            "op": "register", "app": app, "operator": operator, "instance": instance,
+            "worker": worker, "stateful": stateful, "pid": os.getpid(), "tid": tid,
+        }
+        with self._lock:
+            self._registrations[(key, tid)] = msg
+            self._ops.append(msg)
+        self._wake.set()
+
+    def update(
+        self,
+        app: str,
+        operator: str,
+        instance: int,
+        *,
+        received: int,
+        executed: int,
+        emitted: int,
+        queue_length: int,
+        latency_sum_seconds: float,
+        latency_count: int,
+        service_seconds: float,
+    ) -> None:
+        key = (app, operator, instance)
+        msg = {
+            "op": "update", "app": app, "operator": operator, "instance": instance,
+            "received": received, "executed": executed, "emitted": emitted,
+            "queue_length": queue_length, "latency_sum_seconds": latency_sum_seconds,
+            "latency_count": latency_count, "service_seconds": service_seconds,
+        }
+        with self._lock:
+            self._updates[key] = msg
+
+    def unregister(self, app: str, operator: str, instance: int) -> None:
+        key = _key(app, operator, instance)
+        with self._lock:
+            for reg in [r for r in self._registrations if r[0] == key]:
+                del self._registrations[reg]
+            self._updates.pop(key, None)
+            self._ops.append({"op": "unregister", "app": app, "operator": operator, "instance": instance})
+        self._wake.set()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything queued so far has been offered to the agent (tests, shutdown)."""
+        with self._sent:
+            target = self._rounds + 2
+            self._wake.set()
+            return self._sent.wait_for(lambda: self._rounds >= target, timeout)
+
+    def close(self) -> None:
+        self.flush(timeout=self.reply_timeout)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+        self._disconnect()
+
+    # ---------------------------------------------------------------- sender
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._send_round()
+            except Exception:  # noqa: BLE001 - the instance must never die of its agent
+                log.exception("agent client round failed")
+                self._disconnect()
+            with self._sent:
+                self._rounds += 1
+                self._sent.notify_all()
+            self._wake.wait(self.flush_seconds)
+            self._wake.clear()
+
+    def _connect(self) -> bool:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.reply_timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            return False
+        self._sock = sock
+        self._reader = sock.makefile("rb")
+        self.connected = True
+        self.connections += 1
+        with self._lock:
+            # Everything registered so far, again: the agent may be new.
+            self._ops = list(self._registrations.values()) + [
+                op for op in self._ops if op["op"] != "register"
+            ]
+        return True
+
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            try:
+                self._reader.close()
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = None
+        self.connected = False
+
+    def _send_round(self) -> None:
+        if self._sock is None and not self._connect():
+            return
+        with self._lock:
+            batch = self._ops + list(self._updates.values())
+            self._ops = []
+            self._updates = {}
+        if not batch:
+            if self._peer_closed():
+                log.info("agent closed the socket; will reconnect")
+                self._disconnect()
+            return
+        data = b"".join((json.dumps(m) + "\n").encode() for m in batch)
+        try:
+            self._sock.sendall(data)
+            for msg in batch:
+                line = self._reader.readline()
+                if not line:
+                    raise ConnectionError("agent closed the socket")
+                reply = json.loads(line)
+                if not reply.get("ok"):
+                    self.rejections.append({**reply, "message": msg})
+                    log.warning("agent refused %s: %s", msg.get("op"), reply.get("error"))
+        except (OSError, ValueError, ConnectionError) as exc:
+            log.info("agent connection lost (%s); will retry", exc)
+            self._disconnect()
+            self._requeue(batch)
+
+    def _peer_closed(self) -> bool:
+        """Notice an agent that went away while there was nothing to send."""
+        # A socket timeout would make recv wait; peek without waiting instead.
+        self._sock.settimeout(0)
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        finally:
+            self._sock.settimeout(self.reply_timeout)
+
+    def _requeue(self, batch: list[dict[str, Any]]) -> None:
+        """Keep unregisters and the newest counters; registrations are resent on connect."""
+        with self._lock:
+            for msg in batch:
+                key = (msg["app"], msg["operator"], msg["instance"])
+                if msg["op"] == "update":
+                    self._updates.setdefault(key, msg)
+                elif msg["op"] == "unregister":
+                    self._ops.insert(0, msg)

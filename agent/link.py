@@ -1,0 +1,227 @@
+"""The agent's one bidirectional gRPC stream to the controller (AgentService.Connect).
+
+Per connection: Hello first, then every report buffered while disconnected
+(marked ``replayed``), then live reports and one Ack per CapDirective. When the
+stream breaks the link reconnects with exponential backoff and jitter; reports
+produced meanwhile wait in a bounded buffer (oldest dropped and counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+
+from agent.config import TlsConfig
+from agent.metrics import AgentMetrics
+from agent.node import NodeAgent
+from dsched_pb import dsched_pb2 as pb
+from dsched_pb import dsched_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random) -> float:
+    """Exponential backoff with 'equal jitter': half fixed, half random."""
+    ceiling = min(maximum, initial * (2 ** min(attempt, 30)))
+    return ceiling / 2 + rng.uniform(0, ceiling / 2)
+
+
+def make_channel(target: str, tls: TlsConfig) -> grpc.Channel:
+    options = [
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+    if not tls.enabled:
+        return grpc.insecure_channel(target, options=options)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=Path(tls.ca).read_bytes(),
+        private_key=Path(tls.key).read_bytes() if tls.key else None,
+        certificate_chain=Path(tls.cert).read_bytes() if tls.cert else None,
+    )
+    return grpc.secure_channel(target, creds, options=options)
+
+
+class _Session:
+    """Outgoing messages of one stream; the generator gRPC consumes."""
+
+    def __init__(self) -> None:
+        self.outbox: queue.Queue = queue.Queue()
+
+    def messages(self) -> Iterator[pb.AgentMessage]:
+        while True:
+            item = self.outbox.get()
+            if item is _END:
+                return
+            yield item
+
+    def leftovers(self) -> list[pb.AgentMessage]:
+        out = []
+        while True:
+            try:
+                item = self.outbox.get_nowait()
+            except queue.Empty:
+                return out
+            if item is not _END:
+                out.append(item)
+
+
+class ControllerLink:
+    def __init__(
+        self,
+        agent: NodeAgent,
+        target: str,
+        tls: TlsConfig | None = None,
+        buffer_size: int = 360,
+        metrics: AgentMetrics | None = None,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        connect_timeout: float = 5.0,
+        rng: random.Random | None = None,
+    ):
+        if buffer_size < 1:
+            raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
+        self.agent = agent
+        self.target = target
+        self.tls = tls or TlsConfig()
+        self.metrics = metrics or agent.metrics
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.connect_timeout = connect_timeout
+        self.rng = rng or random.Random()
+        self._buffer: deque[pb.NodeReport] = deque()
+        self._buffer_size = buffer_size
+        self._lock = threading.Lock()
+        self._session: _Session | None = None
+        self._call = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="controller-link", daemon=True)
+        self.connected = threading.Event()
+
+    # ---------------------------------------------------------------- API
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            if self._session is not None:
+                self._session.outbox.put(_END)
+            call = self._call
+        if call is not None:
+            call.cancel()
+        self._thread.join(timeout=10)
+
+    def submit_report(self, report: pb.NodeReport) -> None:
+        """Send now if connected, else keep it (bounded) for replay."""
+        with self._lock:
+            if self._session is not None:
+                self._session.outbox.put(pb.AgentMessage(report=report))
+                self.metrics.reports_sent.inc()
+                return
+            self._keep(report)
+
+    @property
+    def buffered(self) -> int:
+        with self._lock:
+            return len(self._buffer)
+
+    # ---------------------------------------------------------------- internals
+
+    def _keep(self, report: pb.NodeReport, front: bool = False) -> None:
+        if len(self._buffer) >= self._buffer_size:
+            if front:
+                self.metrics.reports_dropped.inc()
+                return
+            self._buffer.popleft()
+            self.metrics.reports_dropped.inc()
+        if front:
+            self._buffer.appendleft(report)
+        else:
+            self._buffer.append(report)
+        self.metrics.reports_buffered.set(len(self._buffer))
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            if self._stream_once():
+                attempt = 0
+            if self._stop.is_set():
+                break
+            delay = backoff_delay(attempt, self.backoff_initial, self.backoff_max, self.rng)
+            attempt += 1
+            log.info("controller %s unreachable; retrying in %.1f s", self.target, delay)
+            self._stop.wait(delay)
+
+    def _wait_ready(self, channel: grpc.Channel) -> bool:
+        future = grpc.channel_ready_future(channel)
+        waited = 0.0
+        while waited < self.connect_timeout and not self._stop.is_set():
+            try:
+                future.result(timeout=0.25)
+                return True
+            except grpc.FutureTimeoutError:
+                waited += 0.25
+        future.cancel()
+        return False
+
+    def _stream_once(self) -> bool:
+        """One connection; True if it was established."""
+        channel = make_channel(self.target, self.tls)
+        established = False
+        session = _Session()
+        try:
+            if not self._wait_ready(channel):
+                return False
+            stub = pb_grpc.AgentServiceStub(channel)
+            with self._lock:
+                session.outbox.put(pb.AgentMessage(hello=self.agent.hello()))
+                while self._buffer:
+                    report = self._buffer.popleft()
+                    report.replayed = True
+                    session.outbox.put(pb.AgentMessage(report=report))
+                    self.metrics.reports_sent.inc()
+                self.metrics.reports_buffered.set(0)
+                self._session = session
+                self._call = stub.Connect(session.messages())
+                call = self._call
+            established = True
+            self.connected.set()
+            self.metrics.connected.set(1)
+            self.metrics.reconnects.inc()
+            log.info("connected to controller %s", self.target)
+            for msg in call:
+                kind = msg.WhichOneof("body")
+                if kind == "welcome":
+                    self.agent.on_contact(msg.welcome)
+                elif kind == "directive":
+                    ack = self.agent.handle_directive(msg.directive)
+                    session.outbox.put(pb.AgentMessage(ack=ack))
+            log.warning("controller %s closed the stream", self.target)
+        except grpc.RpcError as exc:
+            if not self._stop.is_set():
+                log.warning("stream to controller %s broke: %s", self.target, exc.code())
+        finally:
+            with self._lock:
+                self._session = None
+                self._call = None
+                # Reports that never left go back to the buffer, in order.
+                for item in reversed(session.leftovers()):
+                    if item.WhichOneof("body") == "report":
+                        self._keep(item.report, front=True)
+                # Ends the request generator, whose reader thread would otherwise wait forever.
+                session.outbox.put(_END)
+            self.connected.clear()
+            self.metrics.connected.set(0)
+            channel.close()
+        return established

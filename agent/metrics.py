@@ -1,0 +1,108 @@
+"""Prometheus metrics of one agent, in its own registry (served on ``metrics``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from dsched.config import parse_hostport
+
+INSTANCE_LABELS = ("app", "operator", "instance", "worker")
+
+
+class AgentMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.threads_managed = Gauge(
+            "dsched_agent_threads_managed", "OS threads the agent knows as instance threads", registry=r
+        )
+        self.instances_managed = Gauge(
+            "dsched_agent_instances_managed", "Operator instances the agent knows", registry=r
+        )
+        self.instance_cpu_usage = Gauge(
+            "dsched_instance_cpu_usage_cores",
+            "Mean CPU of the instance's threads over the last sample, cores",
+            INSTANCE_LABELS,
+            registry=r,
+        )
+        self.instance_cpu_cap = Gauge(
+            "dsched_instance_cpu_cap_cores",
+            "CPU cap the agent enforces on the instance, cores (absent when uncapped)",
+            INSTANCE_LABELS,
+            registry=r,
+        )
+        self.cap_writes = Counter(
+            "dsched_agent_cap_writes", "Cap values written to cgroups", registry=r
+        )
+        self.cgroup_errors = Counter(
+            "dsched_agent_cgroup_errors", "Cgroup writes that failed (not ESRCH)", registry=r
+        )
+        self.threads_vanished = Counter(
+            "dsched_agent_threads_vanished",
+            "Threads that exited between discovery and a cgroup write (ESRCH), skipped",
+            registry=r,
+        )
+        self.cgroups_removed = Counter(
+            "dsched_agent_cgroups_removed", "Instance cgroups removed because their threads were gone",
+            registry=r,
+        )
+        self.rejected_directives = Counter(
+            "dsched_agent_rejected_directives",
+            "Directive entries refused, by reason",
+            ("reason",),
+            registry=r,
+        )
+        self.rejected_messages = Counter(
+            "dsched_agent_rejected_instance_messages",
+            "Registrations and counter updates from instances that were refused, by reason",
+            ("reason",),
+            registry=r,
+        )
+        self.reports_sent = Counter("dsched_agent_reports_sent", "NodeReports sent", registry=r)
+        self.reports_dropped = Counter(
+            "dsched_agent_reports_dropped",
+            "Reports dropped because the disconnected buffer was full (oldest first)",
+            registry=r,
+        )
+        self.reports_buffered = Gauge(
+            "dsched_agent_reports_buffered", "Reports waiting to be resent", registry=r
+        )
+        self.connected = Gauge(
+            "dsched_agent_connected", "1 while the stream to the controller is up", registry=r
+        )
+        self.reconnects = Counter(
+            "dsched_agent_reconnects", "Stream (re)connections established", registry=r
+        )
+        self.fallbacks = Counter(
+            "dsched_agent_fallbacks",
+            "Times the lease expired and the fallback policy was applied",
+            ("policy",),
+            registry=r,
+        )
+        self.sample_duration = Histogram(
+            "dsched_agent_sample_duration_seconds",
+            "Time one sampling pass takes",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r,
+        )
+        self._server = None
+
+    def forget_instance(self, labels: tuple[str, str, str, str]) -> None:
+        for gauge in (self.instance_cpu_usage, self.instance_cpu_cap):
+            try:
+                gauge.remove(*labels)
+            except KeyError:
+                pass
+
+    def serve(self, address: str) -> int:
+        """Start /metrics on HOST:PORT (port 0 picks one); returns the bound port."""
+        host, port = parse_hostport("metrics", address)
+        server, _thread = start_http_server(port, host, registry=self.registry)
+        self._server = server
+        return server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

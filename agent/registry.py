@@ -1,0 +1,188 @@
+"""Which OS threads belong to which operator instance, and their reported counters.
+
+Entries come from registrations over the local socket, from discovery rules and
+from cgroups re-adopted after a restart. Everything an instance sends is
+checked here before the agent believes it: names must be safe path components
+(they become cgroup directories), counters must be finite, non-negative and
+never go backwards. A refused update keeps the last good counters, so nothing
+already known is lost.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dsched.names import InvalidName, check_name
+
+COUNTER_FIELDS = (
+    "received",
+    "executed",
+    "emitted",
+    "latency_count",
+)
+FLOAT_COUNTER_FIELDS = ("latency_sum_seconds", "service_seconds")
+GAUGE_FIELDS = ("queue_length",)
+
+
+class RegistrationError(ValueError):
+    """An instance message the agent refuses; ``reason`` is the metric label."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, order=True)
+class InstanceKey:
+    app: str
+    operator: str
+    instance: int
+
+    def __str__(self) -> str:
+        return f"{self.app}/{self.operator}/{self.instance}"
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Cumulative counters since the instance registered (queue_length is a gauge)."""
+
+    received: int = 0
+    executed: int = 0
+    emitted: int = 0
+    queue_length: int = 0
+    latency_sum_seconds: float = 0.0
+    latency_count: int = 0
+    service_seconds: float = 0.0
+
+
+@dataclass
+class InstanceRecord:
+    key: InstanceKey
+    worker: str
+    stateful: bool
+    pid: int
+    tids: set[int]
+    source: str  # "registration", "rule" or "adopted"
+    counters: Counters = field(default_factory=Counters)
+    registered_at: float = field(default_factory=time.time)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise RegistrationError("bad_field", f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def make_key(app: Any, operator: Any, instance: Any) -> InstanceKey:
+    """Validated key; raises RegistrationError('bad_name' | 'bad_field')."""
+    try:
+        check_name("app", app)
+        check_name("operator", operator)
+    except InvalidName as exc:
+        raise RegistrationError("bad_name", str(exc)) from None
+    if isinstance(instance, bool) or not isinstance(instance, int) or instance < 0:
+        raise RegistrationError("bad_field", f"instance must be an integer >= 0, got {instance!r}")
+    return InstanceKey(app, operator, instance)
+
+
+def check_counters(values: dict[str, Any], previous: Counters) -> Counters:
+    """New counters from an update, or RegistrationError naming why they are refused."""
+    out: dict[str, Any] = {}
+    for name in COUNTER_FIELDS + FLOAT_COUNTER_FIELDS + GAUGE_FIELDS:
+        if name not in values:
+            raise RegistrationError("bad_field", f"update lacks counter {name!r}")
+        value = values[name]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RegistrationError("bad_field", f"counter {name} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise RegistrationError("non_finite", f"counter {name} is {value!r}")
+        if value < 0:
+            raise RegistrationError("negative", f"counter {name} is negative ({value!r})")
+        if name in COUNTER_FIELDS + GAUGE_FIELDS:
+            if value != int(value):
+                raise RegistrationError("bad_field", f"counter {name} must be whole, got {value!r}")
+            value = int(value)
+        if name not in GAUGE_FIELDS and value < getattr(previous, name):
+            raise RegistrationError(
+                "counter_backwards",
+                f"counter {name} went backwards ({getattr(previous, name)} -> {value})",
+            )
+        out[name] = value
+    return Counters(**out)
+
+
+class Registry:
+    """Thread-safe map InstanceKey -> InstanceRecord."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[InstanceKey, InstanceRecord] = {}
+
+    def register(
+        self,
+        key: InstanceKey,
+        worker: Any,
+        stateful: Any,
+        pid: Any,
+        tid: Any,
+        source: str = "registration",
+    ) -> InstanceRecord:
+        try:
+            check_name("worker", worker)
+        except InvalidName as exc:
+            raise RegistrationError("bad_name", str(exc)) from None
+        if not isinstance(stateful, bool):
+            raise RegistrationError("bad_field", f"stateful must be true or false, got {stateful!r}")
+        pid = _positive_int("pid", pid)
+        tid = _positive_int("tid", tid)
+        with self._lock:
+            rec = self._records.get(key)
+            if rec is not None and rec.pid == pid and rec.worker == worker:
+                # One instance may run on several threads: each registers its own TID.
+                rec.tids.add(tid)
+                rec.stateful = stateful
+                if rec.source == "adopted":
+                    rec.source = source
+                return replace(rec, tids=set(rec.tids))
+            rec = InstanceRecord(key, worker, stateful, pid, {tid}, source)
+            self._records[key] = rec
+            return replace(rec, tids=set(rec.tids))
+
+    def update(self, key: InstanceKey, values: dict[str, Any]) -> Counters:
+        with self._lock:
+            rec = self._records.get(key)
+            if rec is None:
+                raise RegistrationError("unknown_instance", f"update for unregistered instance {key}")
+            rec.counters = check_counters(values, rec.counters)
+            return rec.counters
+
+    def unregister(self, key: InstanceKey) -> InstanceRecord | None:
+        with self._lock:
+            return self._records.pop(key, None)
+
+    def set_tids(self, key: InstanceKey, tids: set[int]) -> None:
+        with self._lock:
+            rec = self._records.get(key)
+            if rec is not None:
+                rec.tids = set(tids)
+
+    def get(self, key: InstanceKey) -> InstanceRecord | None:
+        with self._lock:
+            rec = self._records.get(key)
+            return None if rec is None else replace(rec, tids=set(rec.tids))
+
+    def snapshot(self) -> list[InstanceRecord]:
+        with self._lock:
+            return [replace(r, tids=set(r.tids)) for r in self._records.values()]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+    def thread_count(self) -> int:
+        with self._lock:
+            return sum(len(r.tids) for r in self._records.values())

@@ -1,0 +1,217 @@
+"""Node and thread counters read from the kernel: /proc, PSI, netlink, resctrl.
+
+Each reader returns None (or an empty map) when the kernel does not have the
+counter, so the report can say "unavailable" instead of sending zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_seconds(proc_root: str | Path, pid: int, tid: int) -> float | None:
+    """utime + stime of one thread in seconds, or None when it has exited."""
+    try:
+        with open(f"{proc_root}/{pid}/task/{tid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    # comm may contain spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except (IndexError, ValueError):
+        return None
+
+
+def thread_alive(proc_root: str | Path, pid: int, tid: int) -> bool:
+    return os.path.exists(f"{proc_root}/{pid}/task/{tid}")
+
+
+def thread_group(proc_root: str | Path, tid: int) -> int | None:
+    """The process (Tgid) a TID belongs to, or None when it has exited."""
+    try:
+        with open(f"{proc_root}/{tid}/status") as fh:
+            for line in fh:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class Pressure:
+    some_avg10: float
+    some_avg60: float
+    full_avg10: float
+    full_avg60: float
+
+
+def read_pressure(path: str | Path = "/proc/pressure/cpu") -> Pressure | None:
+    """CPU pressure stall information; None when the kernel has no PSI."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return None
+    values: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        kind, *pairs = line.split()
+        values[kind] = {k: float(v) for k, v in (p.split("=") for p in pairs)}
+    some = values.get("some", {})
+    # Older kernels have no "full" line for cpu; that is "no full stalls".
+    full = values.get("full", {})
+    return Pressure(
+        some.get("avg10", 0.0), some.get("avg60", 0.0), full.get("avg10", 0.0), full.get("avg60", 0.0)
+    )
+
+
+@dataclass(frozen=True)
+class InterfaceCounters:
+    name: str
+    rx_bytes: int
+    tx_bytes: int
+
+
+class NetlinkInterfaces:
+    """Per-interface byte counters through one long-lived pyroute2 socket."""
+
+    def __init__(self) -> None:
+        self._ipr = None
+        try:
+            from pyroute2 import IPRoute
+
+            self._ipr = IPRoute()
+        except Exception as exc:  # noqa: BLE001 - any netlink failure means "unavailable"
+            log.info("per-interface bytes unavailable: %s", exc)
+
+    @property
+    def available(self) -> bool:
+        return self._ipr is not None
+
+    def read(self) -> list[InterfaceCounters] | None:
+        if self._ipr is None:
+            return None
+        out = []
+        try:
+            for link in self._ipr.get_links():
+                stats = link.get("IFLA_STATS64") or link.get("IFLA_STATS")
+                if stats is None:
+                    continue
+                out.append(
+                    InterfaceCounters(link.get("IFLA_IFNAME"), stats["rx_bytes"], stats["tx_bytes"])
+                )
+        except Exception as exc:  # noqa: BLE001
+            log.warning("reading interfaces over netlink failed: %s", exc)
+            return None
+        return out
+
+    def close(self) -> None:
+        if self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
+
+
+class NodeCpu:
+    """Node capacity and mean usage since the previous call, in cores."""
+
+    def __init__(self) -> None:
+        self.capacity_cores = float(psutil.cpu_count(logical=True) or 1)
+        self._last = (time.monotonic(), self._busy())
+
+    @staticmethod
+    def _busy() -> float:
+        t = psutil.cpu_times()
+        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+    def usage_cores(self) -> float:
+        now, busy = time.monotonic(), self._busy()
+        last_t, last_busy = self._last
+        self._last = (now, busy)
+        dt = now - last_t
+        return max(0.0, (busy - last_busy) / dt) if dt > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ResctrlGroup:
+    llc_occupancy_bytes: float
+    mbm_total_bytes: int
+
+
+class Resctrl:
+    """resctrl monitoring groups, one per application (monitoring IDs are scarce).
+
+    Group ``mon_groups/<app>`` sums ``llc_occupancy`` and ``mbm_total_bytes``
+    over all ``mon_data/mon_L3_*`` domains. Without a mounted resctrl the node
+    reports both counters unavailable.
+    """
+
+    def __init__(self, mount: str | Path = "/sys/fs/resctrl", writable: bool = True):
+        self.mount = Path(mount)
+        self.writable = writable
+        self._last_mbm: dict[str, tuple[float, int]] = {}
+
+    @property
+    def available(self) -> bool:
+        return (self.mount / "mon_groups").is_dir()
+
+    def _domains(self, group: str) -> list[Path]:
+        return sorted((self.mount / "mon_groups" / group / "mon_data").glob("mon_L3_*"))
+
+    def _groups(self) -> list[str]:
+        try:
+            return sorted(p.name for p in (self.mount / "mon_groups").iterdir() if p.is_dir())
+        except OSError:
+            return []
+
+    def assign(self, app: str, tids: list[int]) -> None:
+        """Put an application's threads into its monitoring group (best effort)."""
+        if not (self.available and self.writable):
+            return
+        group = self.mount / "mon_groups" / app
+        try:
+            group.mkdir(exist_ok=True)
+            for tid in tids:
+                with open(group / "tasks", "w") as fh:
+                    fh.write(f"{tid}\n")
+        except OSError as exc:
+            log.debug("resctrl group %s: %s", app, exc)
+
+    def read(self, apps: set[str]) -> tuple[dict[str, float], dict[str, float]] | None:
+        """(LLC bytes per app, memory bandwidth bytes/s per app) or None if unavailable.
+
+        Bandwidth needs two readings, so an app appears in the second map from
+        its second reading on.
+        """
+        if not self.available:
+            return None
+        now = time.monotonic()
+        llc: dict[str, float] = {}
+        bandwidth: dict[str, float] = {}
+        for app in sorted(apps & set(self._groups())):
+            occupancy, mbm, seen = 0.0, 0, False
+            for domain in self._domains(app):
+                try:
+                    occupancy += float((domain / "llc_occupancy").read_text())
+                    mbm += int((domain / "mbm_total_bytes").read_text())
+                    seen = True
+                except (OSError, ValueError):
+                    continue
+            if not seen:
+                continue
+            llc[app] = occupancy
+            last = self._last_mbm.get(app)
+            if last is not None and now > last[0] and mbm >= last[1]:
+                bandwidth[app] = (mbm - last[1]) / (now - last[0])
+            self._last_mbm[app] = (now, mbm)
+        return llc, bandwidth

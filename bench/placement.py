@@ -1,0 +1,379 @@
+"""Placement strategies side by side on the same seeded scenarios.
+
+Each scenario is a cluster of nodes and applications whose predicted demand
+changes over a few epochs (growing load, shrinking load, random load). Every
+strategy places the cluster from scratch at epoch 0, then plans each later
+epoch from its own previous placement; the plan is applied as if carried out.
+Per strategy the figures are summed over the epochs after the first:
+affected workers, affected stateful workers, stateful moves, moves, mixed
+workers, node-epochs used, overloaded node-epochs, inter-node traffic
+(tuples/s after each plan) and plan seconds.
+
+``mips`` is also run alone over a range of sample budgets on the same inputs
+(several seeds), reporting its quality against budget; a PNG shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import write_result
+from controller.placement import (
+    STRATEGIES,
+    ClusterState,
+    Instance,
+    Node,
+    apply_plan,
+    get_strategy,
+)
+
+SCENARIOS = ("growing", "shrinking", "random")
+DEFAULT_BUDGETS = (4, 16, 64, 256, 1024)
+
+
+@dataclass(frozen=True)
+class _Operator:
+    name: str
+    parallelism: int
+    stateful: bool
+    cost: float  # cores per unit of load per instance
+
+
+def _apps(rng: random.Random) -> dict[str, tuple[list[_Operator], tuple[tuple[str, str], ...]]]:
+    """WordCount, the HTTP monitor of Liu et al. (seeds/001 Fig. 5) and a random DAG."""
+    wordcount = (
+        [
+            _Operator("spout", 2, False, 0.15),
+            _Operator("split", 3, False, 0.35),
+            _Operator("count", 3, True, 0.25),
+        ],
+        (("spout", "split"), ("split", "count")),
+    )
+    monitor_ops = [
+        _Operator("spout", 2, False, 0.1),
+        _Operator("retrieve", 2, False, 0.25),
+        _Operator("country", 2, False, 0.2),
+        _Operator("isp", 2, False, 0.2),
+        _Operator("prefix", 2, False, 0.2),
+        _Operator("statctry", 1, True, 0.25),
+        _Operator("statisp", 1, True, 0.25),
+        _Operator("statpfx", 1, True, 0.25),
+        _Operator("alarm", 1, False, 0.05),
+    ]
+    monitor_edges = (
+        ("spout", "retrieve"),
+        ("retrieve", "country"),
+        ("retrieve", "isp"),
+        ("retrieve", "prefix"),
+        ("country", "statctry"),
+        ("isp", "statisp"),
+        ("prefix", "statpfx"),
+        ("statctry", "alarm"),
+        ("statisp", "alarm"),
+        ("statpfx", "alarm"),
+    )
+    ops = [
+        _Operator(f"op{j}", rng.randint(1, 3), rng.random() < 0.4, rng.uniform(0.1, 0.35))
+        for j in range(5)
+    ]
+    edges = tuple(
+        (ops[i].name, ops[j].name)
+        for i in range(5)
+        for j in range(i + 1, 5)
+        if j == i + 1 or rng.random() < 0.25
+    )
+    return {"wc": wordcount, "monitor": (monitor_ops, monitor_edges), "rand": (ops, edges)}
+
+
+def _load_curve(scenario: str, epochs: int, rng: random.Random) -> list[float]:
+    if scenario == "growing":
+        return [0.6 + 1.0 * e / (epochs - 1) for e in range(epochs)]
+    if scenario == "shrinking":
+        return [1.6 - 1.1 * e / (epochs - 1) for e in range(epochs)]
+    return [rng.uniform(0.5, 1.6) for _ in range(epochs)]
+
+
+def scenario_states(
+    scenario: str, seed: int, epochs: int = 6, nodes: int = 6
+) -> list[ClusterState]:
+    """The demands of each epoch as (unplaced) cluster states; same seed, same states."""
+    rng = random.Random(f"{scenario}:{seed}")
+    apps = _apps(rng)
+    node_list = tuple(Node(f"n{k}", 2.5) for k in range(nodes))
+    curve = _load_curve(scenario, epochs, rng)
+    jitter = {
+        (app, op.name, k): rng.uniform(0.8, 1.2)
+        for app, (ops, _) in apps.items()
+        for op in ops
+        for k in range(op.parallelism)
+    }
+    states = []
+    for level in curve:
+        instances, traffic = [], {}
+        noise = {
+            key: value * rng.uniform(0.9, 1.1) if scenario == "random" else value
+            for key, value in jitter.items()
+        }
+        for app, (ops, edges) in apps.items():
+            by_op = {}
+            for op in ops:
+                by_op[op.name] = [
+                    Instance(
+                        app,
+                        op.name,
+                        k,
+                        round(op.cost * level * noise[(app, op.name, k)], 4),
+                        op.stateful,
+                    )
+                    for k in range(op.parallelism)
+                ]
+                instances += by_op[op.name]
+            for up, down in edges:
+                for s in by_op[up]:
+                    for r in by_op[down]:
+                        traffic[(s.id, r.id)] = round(1000.0 * level / len(by_op[down]), 3)
+        states.append(
+            ClusterState(
+                node_list, tuple(instances), (), {a: e for a, (_, e) in apps.items()}, traffic
+            )
+        )
+    return states
+
+
+def _with_placement(demands: ClusterState, placed: ClusterState) -> ClusterState:
+    where = {i.id: (i.worker, i.node) for i in placed.instances}
+    return ClusterState(
+        demands.nodes,
+        tuple(
+            Instance(i.app, i.operator, i.index, i.demand_cores, i.stateful, *where[i.id])
+            for i in demands.instances
+        ),
+        placed.workers,
+        demands.dags,
+        demands.traffic,
+    )
+
+
+FIGURES = (
+    "affected_workers",
+    "affected_stateful_workers",
+    "stateful_moves",
+    "restarted_stateful",
+    "moves",
+    "mixed_workers",
+    "nodes_used",
+    "overloaded_nodes",
+    "inter_node_traffic",
+    "plan_seconds",
+)
+
+
+def run_strategy(
+    name: str, states: list[ClusterState], headroom: float, **options
+) -> dict[str, Any]:
+    strategy = get_strategy(name, **options)
+    totals = dict.fromkeys(FIGURES, 0.0)
+    plan = strategy.plan(states[0], headroom)
+    current = apply_plan(states[0], plan)
+    totals["initial_nodes_used"] = plan.nodes_used
+    totals["initial_inter_node_traffic"] = plan.inter_node_traffic_after
+    totals["initial_plan_seconds"] = plan.plan_seconds
+    for demands in states[1:]:
+        plan = strategy.plan(_with_placement(demands, current), headroom)
+        totals["affected_workers"] += len(plan.affected_workers)
+        totals["affected_stateful_workers"] += len(plan.affected_stateful_workers)
+        totals["stateful_moves"] += plan.stateful_moves
+        totals["restarted_stateful"] += plan.restarted_stateful
+        totals["moves"] += len(plan.moves)
+        totals["mixed_workers"] += plan.mixed_workers
+        totals["nodes_used"] += plan.nodes_used
+        totals["overloaded_nodes"] += len(plan.overloaded_nodes)
+        totals["inter_node_traffic"] += plan.inter_node_traffic_after
+        totals["plan_seconds"] += plan.plan_seconds
+        current = apply_plan(current, plan)
+    return totals
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="PATH", help="write the figures here")
+    parser.add_argument(
+        "--png", metavar="PATH", help="mips quality vs budget (default: beside --json)"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="scenario seed (default 1)")
+    parser.add_argument("--epochs", type=int, default=6, help="epochs per scenario (default 6)")
+    parser.add_argument("--headroom", type=float, default=0.2, help="cores kept free per node")
+    parser.add_argument(
+        "--mips-samples", type=int, default=256, help="mips budget in the comparison"
+    )
+    parser.add_argument(
+        "--budgets",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_BUDGETS),
+        help="mips sample budgets for the quality curve",
+    )
+    parser.add_argument("--budget-seeds", type=int, default=3, help="mips seeds per budget")
+
+
+def mips_quality(states_by_scenario, budgets, seeds: int, headroom: float) -> list[dict[str, Any]]:
+    rows = []
+    for budget in budgets:
+        per_seed = []
+        for seed in range(seeds):
+            totals = dict.fromkeys(
+                (
+                    "initial_inter_node_traffic",
+                    "initial_nodes_used",
+                    "affected_workers",
+                    "inter_node_traffic",
+                    "plan_seconds",
+                ),
+                0.0,
+            )
+            for states in states_by_scenario.values():
+                r = run_strategy("mips", states, headroom, samples=budget, seed=seed)
+                for key in totals:
+                    totals[key] += r[key]
+            per_seed.append(totals)
+        row = {"samples": budget}
+        for key in per_seed[0]:
+            values = [s[key] for s in per_seed]
+            row[key] = statistics.fmean(values)
+            row[key + "_stdev"] = statistics.pstdev(values)
+        rows.append(row)
+    return rows
+
+
+def _plot(path: Path, rows: list[dict[str, Any]], reference: dict[str, dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budgets = [r["samples"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    panels = (
+        ("initial_inter_node_traffic", "inter-node traffic after initial placement (tuples/s)"),
+        ("affected_workers", "affected workers, summed over epochs"),
+    )
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        ax.errorbar(
+            budgets,
+            [r[key] for r in rows],
+            yerr=[r[key + "_stdev"] for r in rows],
+            marker="o",
+            label="mips",
+            capsize=3,
+        )
+        others = [n for n in sorted(reference) if n != "mips"]
+        for k, name in enumerate(others):
+            ax.axhline(
+                reference[name][key], linestyle="--", linewidth=1.0, color=f"C{k + 1}", label=name
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("mips samples per plan")
+        ax.set_title(title, fontsize=9)
+    axes[1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.epochs < 2:
+        raise ValueError(f"--epochs must be >= 2, got {args.epochs}")
+    if args.headroom < 0:
+        raise ValueError(f"--headroom must be >= 0, got {args.headroom}")
+    if args.mips_samples < 1 or any(b < 1 for b in args.budgets):
+        raise ValueError("--mips-samples and --budgets must be >= 1")
+    states = {s: scenario_states(s, args.seed, args.epochs) for s in SCENARIOS}
+    per_scenario: dict[str, dict[str, dict[str, Any]]] = {}
+    summed: dict[str, dict[str, float]] = {}
+    for scenario, epoch_states in states.items():
+        per_scenario[scenario] = {}
+        for name in STRATEGIES:
+            options = {"samples": args.mips_samples, "seed": args.seed} if name == "mips" else {}
+            figs = run_strategy(name, epoch_states, args.headroom, **options)
+            per_scenario[scenario][name] = figs
+            acc = summed.setdefault(name, dict.fromkeys(figs, 0.0))
+            for key, value in figs.items():
+                acc[key] += value
+    for figs in summed.values():
+        figs["inter_node_traffic"] = round(figs["inter_node_traffic"], 3)
+    quality = mips_quality(states, args.budgets, args.budget_seeds, args.headroom)
+    stateful = {n: f["affected_stateful_workers"] for n, f in summed.items()}
+    fewest = min(stateful.values())
+    figures = {
+        "scenarios": [
+            {
+                "name": s,
+                "epochs": args.epochs,
+                "seed": args.seed,
+                "nodes": len(states[s][0].nodes),
+                "instances": len(states[s][0].instances),
+            }
+            for s in SCENARIOS
+        ],
+        "headroom_cores": args.headroom,
+        "mips_samples": args.mips_samples,
+        "strategies": summed,
+        "per_scenario": per_scenario,
+        "liu_fewest_affected_stateful_workers": stateful["liu"] == fewest,
+        # Strategies that left no node over capacity in any epoch: the ones that did
+        # their job, against which moving fewer stateful workers means something.
+        "liu_fewest_affected_stateful_workers_among_feasible": stateful["liu"]
+        == min(v for n, v in stateful.items() if summed[n]["overloaded_nodes"] == 0),
+        "liu_fewest_affected_stateful_workers_per_scenario": {
+            s: figs["liu"]["affected_stateful_workers"]
+            == min(f["affected_stateful_workers"] for f in figs.values())
+            for s, figs in per_scenario.items()
+        },
+        "affected_stateful_workers_vs_liu": {
+            n: (v / stateful["liu"] if stateful["liu"] else None) for n, v in stateful.items()
+        },
+        "mips_quality_vs_budget": quality,
+    }
+    png = (
+        Path(args.png) if args.png else (Path(args.json).with_suffix(".png") if args.json else None)
+    )
+    if png is not None:
+        reference = {
+            n: {
+                "initial_inter_node_traffic": f["initial_inter_node_traffic"],
+                "affected_workers": f["affected_workers"],
+            }
+            for n, f in summed.items()
+        }
+        _plot(png, quality, reference)
+        figures["png"] = str(png)
+    doc = write_result(args.json, "placement", figures)
+    _print_table(doc)
+    return 0
+
+
+def _print_table(doc: dict[str, Any]) -> None:
+    cols = (
+        "affected_workers",
+        "affected_stateful_workers",
+        "stateful_moves",
+        "mixed_workers",
+        "nodes_used",
+        "overloaded_nodes",
+        "inter_node_traffic",
+        "plan_seconds",
+    )
+    print("strategy".ljust(16) + "".join(c[:14].rjust(15) for c in cols))
+    for name, figs in doc["strategies"].items():
+        print(name.ljust(16) + "".join(f"{figs[c]:15.4g}" for c in cols))
+    print("mips samples -> initial inter-node traffic, affected workers, plan seconds")
+    for row in doc["mips_quality_vs_budget"]:
+        print(
+            f"  {row['samples']:6d}  {row['initial_inter_node_traffic']:12.1f}"
+            f"  {row['affected_workers']:8.1f}  {row['plan_seconds']:8.3f}"
+        )

@@ -1,0 +1,117 @@
+"""Where decisions leave the controller: the only side effects of an epoch.
+
+An actuator turns caps (and, with placement, moves) into actions. `agents`
+pushes CapDirectives down the agents' streams; `log-only` is what dry-run uses:
+it records what would have been sent and sends nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from controller.model import InstanceKey
+from dsched_pb import dsched_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+Sender = Callable[[pb.ControllerMessage], None]
+
+
+class AgentSessions:
+    """Open agent streams by node id; a transport registers a sender per stream."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._senders: dict[str, Sender] = {}
+
+    def attach(self, node_id: str, send: Sender) -> None:
+        with self._lock:
+            self._senders[node_id] = send
+
+    def detach(self, node_id: str, send: Sender) -> None:
+        with self._lock:
+            if self._senders.get(node_id) is send:
+                del self._senders[node_id]
+
+    def nodes(self) -> list[str]:
+        with self._lock:
+            return sorted(self._senders)
+
+    def send(self, node_id: str, msg: pb.ControllerMessage) -> bool:
+        with self._lock:
+            send = self._senders.get(node_id)
+        if send is None:
+            return False
+        send(msg)
+        return True
+
+
+@dataclass
+class ActResult:
+    sent: dict[str, int] = field(default_factory=dict)  # node → caps in the directive
+    unreachable: list[str] = field(default_factory=list)
+
+
+class Actuator(Protocol):
+    name: str
+
+    def push_caps(
+        self, epoch: int, caps_by_node: dict[str, dict[InstanceKey, float]], reason: str
+    ) -> ActResult: ...
+
+
+def directive(epoch: int, caps: dict[InstanceKey, float], reason: str) -> pb.ControllerMessage:
+    return pb.ControllerMessage(
+        directive=pb.CapDirective(
+            epoch=epoch,
+            reason=reason,
+            caps=[
+                pb.InstanceCap(
+                    key=pb.InstanceKey(app=k.app, operator=k.operator, instance=k.instance),
+                    cap_cores=c,
+                )
+                for k, c in sorted(caps.items())
+            ],
+        )
+    )
+
+
+class AgentActuator:
+    """Enforce mode: every epoch each node gets the full set of its caps.
+
+    Directives are idempotent (the agent writes only what differs), so a lost
+    directive is repaired by the next one without any bookkeeping here.
+    """
+
+    name = "agents"
+
+    def __init__(self, sessions: AgentSessions):
+        self.sessions = sessions
+
+    def push_caps(
+        self, epoch: int, caps_by_node: dict[str, dict[InstanceKey, float]], reason: str
+    ) -> ActResult:
+        res = ActResult()
+        for node, caps in sorted(caps_by_node.items()):
+            if self.sessions.send(node, directive(epoch, caps, reason)):
+                res.sent[node] = len(caps)
+            else:
+                res.unreachable.append(node)
+        return res
+
+
+class LogOnlyActuator:
+    """Dry-run: decide and record, change nothing."""
+
+    name = "log-only"
+
+    def push_caps(
+        self, epoch: int, caps_by_node: dict[str, dict[InstanceKey, float]], reason: str
+    ) -> ActResult:
+        n = sum(len(c) for c in caps_by_node.values())
+        log.debug("dry-run epoch %d: would push %d caps to %d nodes", epoch, n, len(caps_by_node))
+        return ActResult()

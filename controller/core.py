@@ -1,0 +1,260 @@
+"""The Controller: state in, one epoch of decisions out, every decision recorded.
+
+Transport-agnostic: the gRPC server (controller/server.py) and the simulator's
+in-process transport both call ``on_hello`` / ``on_report`` / ``on_ack`` and
+attach a sender per agent to ``sessions``; ``run_epoch`` is the whole control
+loop of DESIGN §4 and can be called by a timer thread (``start``) or directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from controller import pipeline
+from controller.actuators import AgentActuator, AgentSessions, LogOnlyActuator
+from controller.config import ControllerConfig
+from controller.hysteresis import HysteresisState
+from controller.metrics import ControllerMetrics
+from controller.model import InstanceKey
+from controller.state import ClusterState
+from controller.store import StateStore
+from dsched import __version__
+from dsched_pb import dsched_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+MODE_TO_PB = {"dry-run": pb.DRY_RUN, "enforce": pb.ENFORCE}
+PB_TO_MODE = {v: k for k, v in MODE_TO_PB.items()}
+
+
+def build_estimator(config: ControllerConfig) -> pipeline.DemandEstimator:
+    return pipeline.WithFloor(
+        pipeline.WithBacklogDrain(
+            pipeline.RateDemand(), drain_seconds=config.backlog_drain_slots * config.slot_seconds
+        ),
+        floor_cores=config.min_cap_cores,
+    )
+
+
+ALLOCATORS = {"demand": lambda cfg: pipeline.DemandAllocator(headroom_cores=cfg.headroom_cores)}
+
+
+def build_allocator(config: ControllerConfig) -> pipeline.Allocator:
+    try:
+        return ALLOCATORS[config.allocator](config)
+    except KeyError:
+        from dsched.config import ConfigError
+
+        raise ConfigError(
+            "allocator", f"unknown allocator {config.allocator!r} (known: {', '.join(sorted(ALLOCATORS))})"
+        ) from None
+
+
+class Controller:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        store: StateStore | None = None,
+        clock=time.time,
+    ):
+        self.config = config
+        self.clock = clock
+        self.store = store or StateStore(config.state_dir)
+        self.state = ClusterState(
+            depth=config.phi,
+            forget_after_seconds=config.forget_after_slots * config.slot_seconds,
+        )
+        self.sessions = AgentSessions()
+        self.metrics = ControllerMetrics(lambda: self.last_record)
+        self.estimator = build_estimator(config)
+        self.allocator = build_allocator(config)
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.started_at = clock()
+        self.mode = self.store.get("mode") or config.mode
+        self.store.put("mode", self.mode)
+        self.epoch = int(self.store.get("epoch", "0") or 0)
+        # Resume from the persisted caps: the first epochs after a restart hold
+        # them unless the inputs say otherwise (no thrash after a crash).
+        self._caps: dict[InstanceKey, tuple[str, float]] = self.store.load_caps()
+        self._hysteresis = {k: HysteresisState(cap=c) for k, (_, c) in self._caps.items()}
+        records = self.store.decisions(1)
+        self.last_record: dict[str, Any] | None = records[0] if records else None
+        self.metrics.dry_run.set(1 if self.mode == "dry-run" else 0)
+        self.metrics.epoch.set(self.epoch)
+        self._rejected_seen: dict[str, int] = {}
+
+    # ------------------------------------------------------------ agent side
+    def on_hello(self, hello: pb.Hello) -> pb.Welcome:
+        with self._lock:
+            info = self.state.agent_connected(hello, self.clock())
+            log.info(
+                "agent %s connected: %.2f cores, cgroup mode %s, counters %s%s",
+                info.node_id, info.cpu_capacity_cores, pb.CgroupMode.Name(info.cgroup_mode),
+                ",".join(info.counters_available) or "-", " (dry-run)" if info.dry_run else "",
+            )
+            self._update_agent_gauge()
+            return pb.Welcome(epoch=self.epoch, slot_seconds=self.config.slot_seconds)
+
+    def on_disconnect(self, node_id: str) -> None:
+        with self._lock:
+            self.state.agent_disconnected(node_id)
+            self._update_agent_gauge()
+            log.info("agent %s disconnected", node_id)
+
+    def on_report(self, report: pb.NodeReport) -> None:
+        with self._lock:
+            self.metrics.reports.inc()
+            res = self.state.ingest(report, self.clock())
+            for reason, n in res.rejected.items():
+                self.metrics.rejected.labels(reason).inc(n)
+
+    def on_ack(self, node_id: str, ack: pb.Ack) -> None:
+        for r in ack.rejected:
+            reason = r.reason.split(":", 1)[0]
+            self.metrics.directive_rejections.labels(reason).inc()
+            log.warning(
+                "agent %s refused cap for %s/%s/%d: %s",
+                node_id, r.key.app, r.key.operator, r.key.instance, r.reason,
+            )
+
+    def _update_agent_gauge(self) -> None:
+        self.metrics.agents_connected.set(sum(1 for a in self.state.agents.values() if a.connected))
+
+    # ------------------------------------------------------------ admin side
+    def set_mode(self, mode: str) -> str:
+        if mode not in MODE_TO_PB:
+            raise ValueError(f"unknown mode {mode!r} (known: dry-run, enforce)")
+        with self._lock:
+            previous, self.mode = self.mode, mode
+            self.store.put("mode", mode)
+            self.metrics.dry_run.set(1 if mode == "dry-run" else 0)
+        if previous != mode:
+            log.info("mode %s -> %s", previous, mode)
+        return previous
+
+    def status(self) -> pb.StatusReply:
+        with self._lock:
+            now = self.clock()
+            agents = [
+                pb.AgentStatus(
+                    node_id=a.node_id, cpu_capacity_cores=a.cpu_capacity_cores,
+                    cgroup_mode=a.cgroup_mode,
+                    instances=sum(1 for h in self.state.histories.values() if h.node == a.node_id),
+                    last_report_age_seconds=(now - a.last_report_at) if a.last_report_at else -1,
+                    counters_available=list(a.counters_available), dry_run=a.dry_run,
+                )
+                for a in sorted(self.state.agents.values(), key=lambda a: a.node_id)
+                if a.connected
+            ]
+            return pb.StatusReply(
+                mode=MODE_TO_PB[self.mode], epoch=self.epoch, agents=agents,
+                applications=len(self.state.topologies), instances=len(self.state.histories),
+                slot_seconds=self.config.slot_seconds, version=__version__,
+                uptime_seconds=now - self.started_at,
+            )
+
+    # ------------------------------------------------------------ the epoch
+    def run_epoch(self) -> dict[str, Any]:
+        """One pass of DESIGN §4 steps 1–8; returns the decision record."""
+        t0 = time.perf_counter()
+        with self._lock:
+            now = self.clock()
+            self.epoch += 1
+            cfg = self.config
+            views = pipeline.evaluate(self.state, cfg.phi)
+            forecasts = pipeline.forecast(views, cfg.phi)
+            demands: dict[InstanceKey, pipeline.InstanceDemand] = {}
+            for op, view in views.items():
+                demands.update(self.estimator.estimate(view, forecasts[op]))
+            capacity = self.state.node_capacity()
+            alloc = self.allocator.allocate(demands, capacity)
+            max_cap = {k: capacity.get(d.node, float("inf")) for k, d in demands.items()}
+            steps = pipeline.apply_hysteresis(alloc, self._hysteresis, cfg.theta_cores, max_cap)
+            caps = {k: (demands[k].node, s.cap) for k, s in steps.items()}
+            caps_by_node: dict[str, dict[InstanceKey, float]] = {}
+            for k, (node, c) in caps.items():
+                caps_by_node.setdefault(node, {})[k] = c
+            actuator = AgentActuator(self.sessions) if self.mode == "enforce" else LogOnlyActuator()
+            acted = actuator.push_caps(self.epoch, caps_by_node, f"epoch {self.epoch}")
+            if acted.sent:
+                self.metrics.directives.inc(len(acted.sent))
+            self._caps = caps
+            record = self._record(now, views, forecasts, demands, alloc, steps, actuator.name, acted)
+            self.last_record = record
+            self.store.save_caps(self.epoch, caps)
+            self.store.record_decision(self.epoch, now, self.mode, record)
+            self.metrics.epoch.set(self.epoch)
+        self.metrics.epoch_duration.observe(time.perf_counter() - t0)
+        return record
+
+    def _record(self, now, views, forecasts, demands, alloc, steps, actuator, acted) -> dict[str, Any]:
+        rejected = dict(self.state.rejected)
+        new_rejections = {r: n - self._rejected_seen.get(r, 0) for r, n in rejected.items()}
+        self._rejected_seen = rejected
+        operators = []
+        for op, v in views.items():
+            fc = forecasts[op]
+            operators.append({
+                "app": op.app, "operator": op.operator, "instances": len(v.instances),
+                "arrival_rate": float(v.arrivals[-1]) if len(v.arrivals) else 0.0,
+                "predicted_rate": fc.rate, "predictor": fc.predictor,
+                "candidates": fc.candidates, "kappa": fc.kappa,
+                "selectivity": v.selectivity,
+                "demand_cores": sum(demands[k].cores for k in v.instances),
+                "cap_cores": sum(steps[k].cap for k in v.instances),
+                "usage_cores": v.usage_cores,
+                "queue": float(v.queue[-1]) if len(v.queue) else 0.0,
+                "latency_ms": v.latency_ms, "service_ms": v.service_ms,
+                "reason": ", ".join(sorted({demands[k].reason for k in v.instances})),
+            })
+        instances = []
+        for k, s in sorted(steps.items()):
+            d = demands[k]
+            view = views[k.operator_key]
+            instances.append({
+                "app": k.app, "operator": k.operator, "instance": k.instance, "node": d.node,
+                "demand_cores": d.cores, "demand_reason": d.reason,
+                "allocated_cores": alloc.cores[k], "cut_cores": alloc.cut.get(k, 0.0),
+                "cap_cores": s.cap, "hysteresis": s.reason,
+                "usage_cores": view.usage_by_instance.get(k, 0.0),
+                "cap_in_force": view.cap_by_instance.get(k),
+                "throttled_seconds": view.throttled_by_instance.get(k),
+                "queue": view.queue_by_instance.get(k, 0.0),
+            })
+        return {
+            "epoch": self.epoch, "timestamp": now, "mode": self.mode,
+            "slot_seconds": self.config.slot_seconds,
+            "operators": operators, "instances": instances, "notes": alloc.notes,
+            "actuator": actuator, "sent": acted.sent, "unreachable": acted.unreachable,
+            "rejected": {r: n for r, n in new_rejections.items() if n},
+        }
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, serve_metrics: bool = True) -> None:
+        if serve_metrics:
+            self.metrics.serve(self.config.metrics)
+        self._thread = threading.Thread(target=self._loop, name="dsched-epochs", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        period = self.config.slot_seconds
+        next_at = time.monotonic() + period
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            next_at += period
+            try:
+                self.run_epoch()
+            except Exception:
+                # One bad epoch must not stop the controller; the next one retries.
+                log.exception("epoch %d failed", self.epoch)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.metrics.stop()
+        self.store.close()

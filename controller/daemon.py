@@ -1,0 +1,82 @@
+"""`dsched-controller`: the central control loop as a daemon."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from controller.config import ControllerConfig
+from dsched.config import ConfigError, load_config, override
+
+DEFAULT_CONFIG = Path("/etc/dsched/controller.toml")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="dsched-controller",
+        description=(
+            "Central dsched controller: receives agents' reports, predicts load, decides "
+            "per-instance CPU caps every slot and (in enforce mode) pushes them to the agents. "
+            "Starts in dry-run unless the config or a persisted `dschedctl mode` says otherwise."
+        ),
+    )
+    p.add_argument("--config", type=Path, help=f"TOML config (default {DEFAULT_CONFIG} if it exists)")
+    p.add_argument("--listen", help="gRPC HOST:PORT for agents and dschedctl (default 127.0.0.1:7700)")
+    p.add_argument("--state-dir", type=Path, help="SQLite state directory (default /var/lib/dsched)")
+    p.add_argument("--metrics", help="Prometheus HOST:PORT (default 127.0.0.1:9708)")
+    p.add_argument("--slot-seconds", type=float, help="control period T (default 10)")
+    p.add_argument("--mode", choices=["dry-run", "enforce"], help="mode on first start")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p.parse_args(argv)
+
+
+def load(args: argparse.Namespace) -> ControllerConfig:
+    path = args.config
+    if path is None and DEFAULT_CONFIG.exists():
+        path = DEFAULT_CONFIG
+    cfg = load_config(ControllerConfig, path)
+    return override(
+        cfg, listen=args.listen, state_dir=args.state_dir, metrics=args.metrics,
+        slot_seconds=args.slot_seconds, mode=args.mode,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        cfg = load(args)
+    except ConfigError as exc:
+        print(f"dsched-controller: {exc}", file=sys.stderr)
+        return 2
+    from controller.core import Controller
+    from controller.server import serve
+
+    controller = Controller(cfg)
+    try:
+        server = serve(controller, cfg.listen)
+        controller.start()
+    except (OSError, RuntimeError, ConfigError) as exc:
+        print(f"dsched-controller: cannot start: {exc}", file=sys.stderr)
+        return 1
+    logging.getLogger("dsched.controller").info(
+        "listening on %s (mode %s, slot %.1f s, metrics %s, state %s)",
+        cfg.listen, controller.mode, cfg.slot_seconds, cfg.metrics, cfg.state_dir,
+    )
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    server.stop(grace=2).wait()
+    controller.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

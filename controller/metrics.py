@@ -1,0 +1,93 @@
+"""The controller's Prometheus metrics (`/metrics`, default 127.0.0.1:9708).
+
+Per-instance and per-operator gauges are built at scrape time from the last
+decision, so an instance that disappears also disappears from /metrics
+instead of lingering with its last value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from dsched.config import parse_hostport
+
+
+class _DecisionCollector(Collector):
+    def __init__(self, last_record: Callable[[], dict[str, Any] | None]):
+        self._last_record = last_record
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        rec = self._last_record() or {}
+        caps = GaugeMetricFamily(
+            "dsched_instance_cpu_cap_cores",
+            "CPU cap decided for an operator instance, cores",
+            labels=["app", "operator", "instance", "node"],
+        )
+        demand = GaugeMetricFamily(
+            "dsched_instance_cpu_demand_cores",
+            "CPU demand estimated for an operator instance, cores",
+            labels=["app", "operator", "instance", "node"],
+        )
+        for row in rec.get("instances", []):
+            labels = [row["app"], row["operator"], str(row["instance"]), row["node"]]
+            caps.add_metric(labels, row["cap_cores"])
+            demand.add_metric(labels, row["demand_cores"])
+        rate = GaugeMetricFamily(
+            "dsched_operator_predicted_rate_tuples_per_second",
+            "Arrival rate predicted for the next slot",
+            labels=["app", "operator"],
+        )
+        arrival = GaugeMetricFamily(
+            "dsched_operator_arrival_rate_tuples_per_second",
+            "Arrival rate measured over the last slot",
+            labels=["app", "operator"],
+        )
+        for row in rec.get("operators", []):
+            rate.add_metric([row["app"], row["operator"]], row["predicted_rate"])
+            arrival.add_metric([row["app"], row["operator"]], row["arrival_rate"])
+        yield from (caps, demand, rate, arrival)
+
+
+class ControllerMetrics:
+    def __init__(self, last_record: Callable[[], dict[str, Any] | None]):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.agents_connected = Gauge("dsched_agents_connected", "Agents with an open stream", registry=r)
+        self.dry_run = Gauge("dsched_dry_run", "1 while the controller only records decisions", registry=r)
+        self.epoch = Gauge("dsched_controller_epoch", "Last control epoch", registry=r)
+        self.epoch_duration = Histogram(
+            "dsched_controller_epoch_duration_seconds",
+            "Wall time of one control epoch's computation",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.reports = Counter("dsched_reports_total", "NodeReports received", registry=r)
+        self.rejected = Counter(
+            "dsched_report_samples_rejected_total",
+            "Report parts refused at ingest, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.directives = Counter("dsched_directives_sent_total", "CapDirectives sent", registry=r)
+        self.directive_rejections = Counter(
+            "dsched_directive_rejections_total",
+            "Caps refused by agents, by reason",
+            ["reason"],
+            registry=r,
+        )
+        r.register(_DecisionCollector(last_record))
+        self._server = None
+
+    def serve(self, address: str) -> None:
+        host, port = parse_hostport("metrics", address)
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None

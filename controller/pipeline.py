@@ -1,0 +1,265 @@
+"""One control epoch as small stages (DESIGN §4): evaluate → forecast → demand
+→ allocate → hysteresis. Each stage is a pure function or a small strategy
+object over plain data; the Controller (controller/core.py) feeds it state and
+hands the result to an actuator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from controller import hysteresis
+from controller.model import InstanceKey, OperatorKey
+from controller.state import ClusterState
+from predict.cost import cpu_per_tuple
+from predict.load import LinearTrend, combine, propagate
+
+
+# ---------------------------------------------------------------- 1 evaluate
+@dataclass
+class OperatorView:
+    """An operator over the last phi slots, summed over its instances."""
+
+    key: OperatorKey
+    instances: list[InstanceKey]
+    nodes: dict[InstanceKey, str]
+    stateful: bool
+    upstream: tuple[str, ...]
+    seconds: np.ndarray  # slot lengths
+    arrivals: np.ndarray  # tuples/s per slot
+    executed: np.ndarray  # tuples/s per slot
+    emitted: np.ndarray  # tuples/s per slot
+    cpu_seconds: np.ndarray  # CPU-seconds per slot
+    queue: np.ndarray  # tuples waiting at each slot's end
+    queue_by_instance: dict[InstanceKey, float]
+    usage_by_instance: dict[InstanceKey, float]
+    cap_by_instance: dict[InstanceKey, float | None]  # the cap in force during the last slot
+    throttled_by_instance: dict[InstanceKey, float | None]  # seconds throttled in the last slot
+    latency_ms: float | None  # mean end-to-end latency of tuples finished here, last slot
+    service_ms: float | None  # mean processing time per tuple, over the window
+
+    @property
+    def usage_cores(self) -> float:
+        return float(sum(self.usage_by_instance.values()))
+
+    @property
+    def selectivity(self) -> float:
+        """Tuples emitted per tuple executed (rho in DESIGN §4), over the window."""
+        done = float(self.executed @ self.seconds)
+        return float(self.emitted @ self.seconds) / done if done > 0 else 0.0
+
+    @property
+    def queue_change(self) -> float:
+        """Mean change of the queue per second over the window (delta in DESIGN §4)."""
+        if len(self.queue) < 2:
+            return 0.0
+        return float((self.queue[-1] - self.queue[0]) / max(self.seconds[1:].sum(), 1e-9))
+
+
+def evaluate(state: ClusterState, phi: int) -> dict[OperatorKey, OperatorView]:
+    by_op: dict[OperatorKey, list] = {}
+    for h in state.histories.values():
+        if h.slots:
+            by_op.setdefault(h.key.operator_key, []).append(h)
+    views: dict[OperatorKey, OperatorView] = {}
+    for op, hists in sorted(by_op.items()):
+        hists.sort(key=lambda h: h.key.instance)
+        # Instances on different nodes report on their own clocks; align by
+        # recency (the k-th newest slot of each) over the slots all of them have.
+        n = min(phi, min(len(h.slots) for h in hists))
+        rows = [list(h.slots)[-n:] for h in hists]
+        secs = np.array([np.mean([r[i].seconds for r in rows]) for i in range(n)])
+
+        def per_second(attr: str, rows=rows, secs=secs, n=n) -> np.ndarray:
+            return np.array([sum(getattr(r[i], attr) for r in rows) for i in range(n)]) / secs
+
+        last = [r[-1] for r in rows]
+        lat_count = sum(s.latency_count for s in last)
+        svc_count = sum(s.executed for r in rows for s in r)
+        views[op] = OperatorView(
+            key=op,
+            instances=[h.key for h in hists],
+            nodes={h.key: h.node for h in hists},
+            stateful=any(h.stateful for h in hists),
+            upstream=hists[0].upstream,
+            seconds=secs,
+            arrivals=per_second("received"),
+            executed=per_second("executed"),
+            emitted=per_second("emitted"),
+            cpu_seconds=np.array([sum(r[i].cpu_seconds for r in rows) for i in range(n)]),
+            queue=np.array([sum(r[i].queue_length for r in rows) for i in range(n)]),
+            queue_by_instance={h.key: r[-1].queue_length for h, r in zip(hists, rows, strict=True)},
+            usage_by_instance={h.key: r[-1].usage_cores for h, r in zip(hists, rows, strict=True)},
+            cap_by_instance={h.key: r[-1].cap_cores for h, r in zip(hists, rows, strict=True)},
+            throttled_by_instance={
+                h.key: r[-1].throttled_seconds for h, r in zip(hists, rows, strict=True)
+            },
+            latency_ms=(1000 * sum(s.latency_sum_seconds for s in last) / lat_count) if lat_count else None,
+            service_ms=(1000 * sum(s.service_seconds for r in rows for s in r) / svc_count)
+            if svc_count
+            else None,
+        )
+    return views
+
+
+# ---------------------------------------------------------------- 2 forecast
+@dataclass
+class OperatorForecast:
+    key: OperatorKey
+    rate: float  # predicted arrivals, tuples/s, next slot
+    predictor: str  # which prediction won
+    candidates: dict[str, float]
+    kappa: float  # CPU-seconds per tuple
+
+
+def forecast(views: dict[OperatorKey, OperatorView], phi: int) -> dict[OperatorKey, OperatorForecast]:
+    """Predict every operator's arrivals: max of its own trend and its parents' output."""
+    trend = LinearTrend(window=phi)
+    out: dict[OperatorKey, OperatorForecast] = {}
+    apps = sorted({k.app for k in views})
+    for app in apps:
+        ops = {k.operator: v for k, v in views.items() if k.app == app}
+        own = {op: max(0.0, float(trend.forecast(v.arrivals, horizon=1)[0])) for op, v in ops.items()}
+        children = {op: [c for c, w in ops.items() if op in w.upstream] for op in ops}
+        has_parents = {op for kids in children.values() for op in kids}
+        # The max rule is applied along the DAG: a child sees the larger of its
+        # own trend and what its parents are predicted to send it.
+        from_parents = propagate(
+            children,
+            {op: own[op] for op in ops if op not in has_parents},
+            {op: v.selectivity for op, v in ops.items()},
+            {op: v.queue_change for op, v in ops.items()},
+            combine_with={op: own[op] for op in has_parents},
+        )
+        for op, v in ops.items():
+            candidates = {"linear_trend": own[op]}
+            if op in has_parents:
+                candidates["dag"] = from_parents[op]
+            best = combine(candidates)
+            kappa = cpu_per_tuple(v.cpu_seconds, v.executed * v.seconds, window=phi)
+            out[v.key] = OperatorForecast(v.key, best.value, best.winner, best.candidates, float(kappa))
+    return out
+
+
+# ---------------------------------------------------------------- 3 demand
+@dataclass(frozen=True)
+class InstanceDemand:
+    key: InstanceKey
+    node: str
+    cores: float
+    reason: str  # the term that set it: "rate", "backlog", "floor", "latency", ...
+
+
+class DemandEstimator(Protocol):
+    """Per-instance CPU demand. Build richer estimators by wrapping a small one."""
+
+    def estimate(
+        self, view: OperatorView, fc: OperatorForecast
+    ) -> dict[InstanceKey, InstanceDemand]: ...
+
+
+@dataclass
+class RateDemand:
+    """r_j = psi_j * kappa_j / T_j: the CPU to process the predicted arrivals."""
+
+    def estimate(self, view: OperatorView, fc: OperatorForecast) -> dict[InstanceKey, InstanceDemand]:
+        per = fc.rate * fc.kappa / max(1, len(view.instances))
+        return {k: InstanceDemand(k, view.nodes[k], per, "rate") for k in view.instances}
+
+
+@dataclass
+class WithBacklogDrain:
+    """Add the CPU that empties an instance's queue within ``drain_seconds``."""
+
+    inner: DemandEstimator
+    drain_seconds: float
+
+    def estimate(self, view: OperatorView, fc: OperatorForecast) -> dict[InstanceKey, InstanceDemand]:
+        base = self.inner.estimate(view, fc)
+        out = {}
+        for k, d in base.items():
+            extra = view.queue_by_instance.get(k, 0.0) * fc.kappa / self.drain_seconds
+            out[k] = InstanceDemand(k, d.node, d.cores + extra, "backlog" if extra > d.cores else d.reason)
+        return out
+
+
+@dataclass
+class WithFloor:
+    """Never below ``floor_cores``: an idle instance must still be able to start."""
+
+    inner: DemandEstimator
+    floor_cores: float
+
+    def estimate(self, view: OperatorView, fc: OperatorForecast) -> dict[InstanceKey, InstanceDemand]:
+        return {
+            k: d if d.cores >= self.floor_cores else InstanceDemand(k, d.node, self.floor_cores, "floor")
+            for k, d in self.inner.estimate(view, fc).items()
+        }
+
+
+# ---------------------------------------------------------------- 4 allocate
+@dataclass
+class Allocation:
+    cores: dict[InstanceKey, float]
+    notes: list[str] = field(default_factory=list)
+    cut: dict[InstanceKey, float] = field(default_factory=dict)  # demand not granted
+
+
+class Allocator(Protocol):
+    def allocate(
+        self, demands: dict[InstanceKey, InstanceDemand], capacity: dict[str, float]
+    ) -> Allocation: ...
+
+
+@dataclass
+class DemandAllocator:
+    """Give every instance its demand, then keep each node under capacity - headroom
+    by scaling its instances down in proportion (anti-saturation, DESIGN §4 step 5)."""
+
+    headroom_cores: float = 0.0
+
+    def allocate(
+        self, demands: dict[InstanceKey, InstanceDemand], capacity: dict[str, float]
+    ) -> Allocation:
+        alloc = Allocation({k: d.cores for k, d in demands.items()})
+        for node, cap in sorted(capacity.items()):
+            keys = [k for k, d in demands.items() if d.node == node]
+            total = sum(alloc.cores[k] for k in keys)
+            room = max(0.0, cap - self.headroom_cores)
+            if total > room > 0:
+                scale = room / total
+                for k in keys:
+                    granted = alloc.cores[k] * scale
+                    alloc.cut[k] = alloc.cores[k] - granted
+                    alloc.cores[k] = granted
+                alloc.notes.append(
+                    f"node {node}: demand {total:.2f} cores > {room:.2f} usable; scaled by {scale:.2f}"
+                )
+        return alloc
+
+
+# ---------------------------------------------------------------- 5 hysteresis
+def apply_hysteresis(
+    alloc: Allocation,
+    memory: dict[InstanceKey, hysteresis.HysteresisState],
+    theta: float,
+    max_cap: dict[InstanceKey, float],
+) -> dict[InstanceKey, hysteresis.HysteresisStep]:
+    """Per instance: raise at once, lower after theta/2, quantize; never above the node."""
+    steps = {}
+    for k, cores in sorted(alloc.cores.items()):
+        st = memory.setdefault(k, hysteresis.HysteresisState())
+        s = hysteresis.step(st, cores, theta)
+        limit = max_cap.get(k, math.inf)
+        if s.cap > limit:
+            # Quantizing up must not push a cap past what the node can give.
+            st.cap = limit
+            s = hysteresis.HysteresisStep(limit, s.changed, s.reason)
+        steps[k] = s
+    for gone in set(memory) - set(alloc.cores):
+        del memory[gone]
+    return steps

@@ -1,0 +1,348 @@
+"""``liu``: the online scheme of Liu et al. (seeds/001, Algorithms 1-3), the default.
+
+Each application has at most one stateful and one stateless worker per node, so
+moving stateless instances never restarts stateful ones. Per epoch:
+
+1. *Overload* (Alg. 1, step 1). For a node over capacity, disrupt its stateless
+   workers if the stateful ones alone fit, else its stateful workers if the
+   stateless ones alone fit, else both. With several applications on a node,
+   the workers of the chosen kind are disrupted largest first until the rest
+   fits, so as few workers restart as possible.
+2. *Targets* (Alg. 2). The disrupted instances are placed one by one in
+   breadth-first order of their DAG (Alg. 1, step 3) on the first node with
+   room, trying in turn: nodes where no extra worker is disrupted (the app's
+   worker of that kind is already disrupted or does not exist:
+   FindZeroAffected), nodes where exactly one more worker is disrupted
+   (FindOneAffected), then unused nodes (FindFreeNodes). The paper reserves
+   capacity per tier before placing; deciding per instance reaches the same
+   tiers in the same order but disrupts a further worker only when an
+   instance actually needs it. An instance whose own worker was disrupted
+   stays on its node while that node has room: the worker restarts either
+   way, and staying saves a network hop.
+3. *Scale in* (Alg. 3). Repeatedly take the least-loaded node and merge each
+   of its workers into one worker of the same app and kind on another node
+   (nodes with least remaining room first); empty it only if every worker
+   finds such a target.
+
+If the heuristic leaves a node over capacity, a full first-fit-decreasing
+repack (still separating stateful from stateless) is tried, and used when it
+fits.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from controller.placement.common import (
+    Decision,
+    GroupKey,
+    PlacementStrategy,
+    bfs_instances,
+    first_fit_decreasing,
+    fits,
+)
+from controller.placement.model import ClusterState, Instance
+
+STATEFUL_LABEL = "sf"
+STATELESS_LABEL = "sl"
+
+# (app, stateful) identifies one of the two workers of an app on a node.
+WorkerSlot = tuple[str, bool]
+
+
+def _label(stateful: bool) -> str:
+    return STATEFUL_LABEL if stateful else STATELESS_LABEL
+
+
+@dataclass
+class _Layout:
+    """Mutable working copy: which instances sit in which (app, kind) worker of each node."""
+
+    state: ClusterState
+    headroom_cores: float
+    members: dict[str, dict[WorkerSlot, set[str]]] = field(default_factory=dict)
+    usable: set[tuple[str, WorkerSlot]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.demand = {i.id: i.demand_cores for i in self.state.instances}
+        self.members = {n: defaultdict(set) for n in self.state.node_ids}
+
+    def capacity(self, node: str) -> float:
+        return self.state.capacity(node, self.headroom_cores)
+
+    def load(self, node: str) -> float:
+        return sum(self.demand[i] for insts in self.members[node].values() for i in insts)
+
+    def free(self, node: str) -> float:
+        return self.capacity(node) - self.load(node)
+
+    def worker_demand(self, node: str, slot: WorkerSlot) -> float:
+        return sum(self.demand[i] for i in self.members[node].get(slot, ()))
+
+    def slots(self, node: str) -> list[WorkerSlot]:
+        return sorted(s for s, insts in self.members[node].items() if insts)
+
+    def used(self, node: str) -> bool:
+        return bool(self.slots(node))
+
+    def add(self, node: str, inst: Instance) -> None:
+        self.members[node][(inst.app, inst.stateful)].add(inst.id)
+
+    def take_worker(self, node: str, slot: WorkerSlot) -> set[str]:
+        insts = self.members[node].pop(slot, set())
+        self.usable.add((node, slot))
+        return insts
+
+    def groups(self) -> dict[str, GroupKey]:
+        out: dict[str, GroupKey] = {}
+        for node, slots in self.members.items():
+            for (_, stateful), insts in slots.items():
+                for inst in insts:
+                    out[inst] = GroupKey(node, _label(stateful), stateful)
+        return out
+
+
+class LiuStrategy(PlacementStrategy):
+    """Separated stateful/stateless workers, fewest affected workers, scale in when possible."""
+
+    name = "liu"
+
+    def __init__(self, scale_in: bool = True) -> None:
+        if not isinstance(scale_in, bool):
+            raise ValueError(f"scale_in must be a bool, got {scale_in!r}")
+        self.scale_in = scale_in
+
+    def decide(self, state: ClusterState, headroom_cores: float) -> Decision:
+        reasons: list[str] = []
+        layout = _Layout(state, headroom_cores)
+        instances = state.instance_map()
+        displaced = self._load_current(state, layout, reasons)
+        home = {i.id: i.node for i in state.instances}
+
+        displaced |= self._disrupt_overloaded(layout, reasons)
+        unplaced = self._place(layout, [instances[i] for i in displaced], home, reasons)
+        if unplaced:
+            repack = self._repack(state, headroom_cores)
+            if repack is not None:
+                reasons.append(
+                    "incremental placement could not fit "
+                    f"{len(unplaced)} instance(s); full repack separating stateful and "
+                    "stateless workers fits"
+                )
+                return Decision(repack, tuple(reasons))
+            for inst_id in unplaced:
+                inst = instances[inst_id]
+                node = max(state.node_ids, key=lambda n: (layout.free(n), -state.node_ids.index(n)))
+                layout.add(node, inst)
+                reasons.append(f"{inst_id} fits on no node; put on {node}, which has most room")
+        elif self.scale_in:
+            self._scale_in(layout, reasons)
+        return Decision(layout.groups(), tuple(reasons))
+
+    # -- current placement -----------------------------------------------------
+
+    def _load_current(self, state: ClusterState, layout: _Layout, reasons: list[str]) -> set[str]:
+        """Fill ``layout`` from the state; return instances that must be placed again."""
+        instances = state.instance_map()
+        placed = state.current_assignment()
+        displaced = {i.id for i in state.instances if i.id not in placed}
+        vanished = sorted(
+            {i.node for i in state.instances if i.id in displaced and i.node is not None}
+            - set(state.node_ids)
+        )
+        for node in vanished:
+            count = sum(1 for i in state.instances if i.node == node)
+            reasons.append(f"node {node} is gone; its {count} instance(s) are displaced")
+        by_worker: dict[str, list[str]] = defaultdict(list)
+        for inst_id, (worker, _) in placed.items():
+            by_worker[worker].append(inst_id)
+        # One worker per (node, app, kind): the largest keeps the slot.
+        seen: set[tuple[str, WorkerSlot]] = set()
+        live = state.live_workers()
+        for worker_id in sorted(by_worker, key=lambda w: (-len(by_worker[w]), w)):
+            worker = live[worker_id]
+            kinds = {instances[i].stateful for i in by_worker[worker_id]}
+            if len(kinds) > 1:
+                reasons.append(
+                    f"worker {worker_id} mixes stateful and stateless instances; "
+                    "its instances are separated"
+                )
+                displaced.update(by_worker[worker_id])
+                continue
+            key = (worker.node, (worker.app, kinds.pop()))
+            if key in seen:
+                reasons.append(
+                    f"worker {worker_id} duplicates another {_label(key[1][1])} worker of "
+                    f"{worker.app} on {worker.node}; its instances are merged"
+                )
+                displaced.update(by_worker[worker_id])
+                continue
+            seen.add(key)
+            for inst_id in by_worker[worker_id]:
+                layout.add(worker.node, instances[inst_id])
+        return displaced
+
+    # -- Algorithm 1, step 1 ----------------------------------------------------
+
+    def _disrupt_overloaded(self, layout: _Layout, reasons: list[str]) -> set[str]:
+        displaced: set[str] = set()
+        for node in layout.state.node_ids:
+            capacity = layout.capacity(node)
+            if fits(capacity, layout.load(node)):
+                continue
+            slots = layout.slots(node)
+            stateful = [s for s in slots if s[1]]
+            stateless = [s for s in slots if not s[1]]
+            sf_demand = sum(layout.worker_demand(node, s) for s in stateful)
+            sl_demand = sum(layout.worker_demand(node, s) for s in stateless)
+            if fits(capacity, sf_demand):
+                victims, how = self._largest_until_fits(layout, node, stateless), "stateless"
+            elif fits(capacity, sl_demand):
+                victims, how = self._largest_until_fits(layout, node, stateful), "stateful"
+            else:
+                victims = stateless + self._largest_until_fits(
+                    layout, node, stateful, already_removed=sl_demand
+                )
+                how = "stateless and stateful"
+            for slot in victims:
+                displaced |= layout.take_worker(node, slot)
+            names = ", ".join(f"{app}:{_label(sf)}" for app, sf in victims)
+            reasons.append(
+                f"node {node} over capacity {capacity:.3g} cores; "
+                f"disrupting {how} worker(s) {names}"
+            )
+        return displaced
+
+    @staticmethod
+    def _largest_until_fits(
+        layout: _Layout, node: str, candidates: list[WorkerSlot], already_removed: float = 0.0
+    ) -> list[WorkerSlot]:
+        remaining = layout.load(node) - already_removed
+        chosen: list[WorkerSlot] = []
+        for slot in sorted(candidates, key=lambda s: (-layout.worker_demand(node, s), s)):
+            if fits(layout.capacity(node), remaining):
+                break
+            chosen.append(slot)
+            remaining -= layout.worker_demand(node, slot)
+        return chosen
+
+    # -- Algorithm 2 and Algorithm 1, step 3 ---------------------------------------
+
+    def _place(
+        self,
+        layout: _Layout,
+        displaced: list[Instance],
+        home: dict[str, str | None],
+        reasons: list[str],
+    ) -> list[str]:
+        """Place displaced instances in BFS order; return those that fit nowhere."""
+        nodes = layout.state.node_ids
+        used_before = {n for n in nodes if layout.used(n)} | {n for n, _ in layout.usable}
+        unplaced: list[str] = []
+        opened: list[str] = []
+        extra: list[str] = []
+        for inst in bfs_instances(layout.state, displaced):
+            slot = (inst.app, inst.stateful)
+
+            def zero_affected(n: str, slot: WorkerSlot = slot) -> bool:
+                return (n, slot) in layout.usable or not layout.members[n].get(slot)
+
+            target = None
+            own = home.get(inst.id)
+            if own in layout.members and (own, slot) in layout.usable:
+                if fits(layout.free(own), inst.demand_cores):
+                    target = own
+            if target is None:
+                target = next(
+                    (
+                        n
+                        for n in nodes
+                        if (n in used_before or n in opened)
+                        and zero_affected(n)
+                        and fits(layout.free(n), inst.demand_cores)
+                    ),
+                    None,
+                )
+            if target is None:
+                target = next(
+                    (
+                        n
+                        for n in nodes
+                        if (n in used_before or n in opened)
+                        and fits(layout.free(n), inst.demand_cores)
+                    ),
+                    None,
+                )
+                if target is not None:
+                    extra.append(f"{inst.app}:{_label(inst.stateful)}@{target}")
+            if target is None:
+                target = next(
+                    (
+                        n
+                        for n in nodes
+                        if n not in used_before
+                        and n not in opened
+                        and fits(layout.free(n), inst.demand_cores)
+                    ),
+                    None,
+                )
+                if target is not None:
+                    opened.append(target)
+            if target is None:
+                unplaced.append(inst.id)
+                continue
+            layout.usable.add((target, slot))
+            layout.add(target, inst)
+        if displaced:
+            reasons.append(
+                f"placed {len(displaced) - len(unplaced)} displaced instance(s) in BFS order"
+            )
+        if extra:
+            reasons.append(
+                "one more worker disrupted to make room: " + ", ".join(sorted(set(extra)))
+            )
+        if opened:
+            reasons.append("scaled out to unused node(s): " + ", ".join(opened))
+        return unplaced
+
+    def _repack(self, state: ClusterState, headroom_cores: float) -> dict[str, GroupKey] | None:
+        node_of, ok = first_fit_decreasing(state, headroom_cores)
+        if not ok:
+            return None
+        instances = state.instance_map()
+        return {
+            i: GroupKey(n, _label(instances[i].stateful), instances[i].stateful)
+            for i, n in node_of.items()
+        }
+
+    # -- Algorithm 3 -------------------------------------------------------------
+
+    def _scale_in(self, layout: _Layout, reasons: list[str]) -> None:
+        nodes = layout.state.node_ids
+        while True:
+            used = [n for n in nodes if layout.used(n)]
+            if len(used) <= 1:
+                return
+            victim = min(used, key=lambda n: (layout.load(n), nodes.index(n)))
+            others = sorted(
+                (n for n in used if n != victim), key=lambda n: (layout.free(n), nodes.index(n))
+            )
+            free = {n: layout.free(n) for n in others}
+            targets: dict[WorkerSlot, str] = {}
+            for slot in sorted(
+                layout.slots(victim), key=lambda s: (-layout.worker_demand(victim, s), s)
+            ):
+                need = layout.worker_demand(victim, slot)
+                target = next((n for n in others if fits(free[n], need)), None)
+                if target is None:
+                    return
+                targets[slot] = target
+                free[target] -= need
+            instances = layout.state.instance_map()
+            for slot, target in targets.items():
+                for inst_id in layout.take_worker(victim, slot):
+                    layout.add(target, instances[inst_id])
+                layout.usable.add((target, slot))
+            merged = ", ".join(f"{a}:{_label(sf)}->{t}" for (a, sf), t in sorted(targets.items()))
+            reasons.append(f"scale in: emptied node {victim} by merging workers {merged}")

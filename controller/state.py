@@ -1,0 +1,265 @@
+"""In-memory cluster state: what the agents said, checked and differentiated.
+
+Reports arrive with cumulative counters. Ingest turns consecutive reports of an
+instance into :class:`InstanceSlot` deltas, keeps the last ``depth`` of them per
+instance, and refuses what cannot be trusted. Every refusal has a reason that is
+counted (``rejected``) and logged once per (node, reason) burst; the loop never
+stops because one agent sent garbage.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from controller.model import AppTopology, InstanceHistory, InstanceKey, InstanceSlot
+from dsched.names import InvalidName, check_name
+from dsched_pb import dsched_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+# A report stamped further ahead than this is from a broken clock, not the future.
+MAX_CLOCK_SKEW_SECONDS = 30.0
+
+
+@dataclass
+class AgentInfo:
+    node_id: str
+    cpu_capacity_cores: float
+    cgroup_mode: int
+    counters_available: tuple[str, ...]
+    dry_run: bool
+    connected_at: float
+    slot_seconds: float = 0.0
+    last_report_at: float = 0.0
+    last_timestamp: float = 0.0
+    last_slot: int = -1
+    connected: bool = True
+    node_sample: pb.NodeSample | None = None
+    caps: dict[InstanceKey, float] = field(default_factory=dict)  # as the agent reported
+
+
+@dataclass
+class _Baseline:
+    """The previous cumulative reading of one instance."""
+
+    timestamp: float
+    received: int
+    executed: int
+    emitted: int
+    cpu_seconds: float
+    latency_sum: float
+    latency_count: int
+    service_seconds: float
+    throttled_seconds: float | None
+
+
+@dataclass
+class IngestResult:
+    accepted: int = 0
+    rejected: Counter = field(default_factory=Counter)
+
+
+class ClusterState:
+    """Agents, instance histories and application DAGs, fed by NodeReports."""
+
+    def __init__(self, depth: int = 5, forget_after_seconds: float = 60.0):
+        if depth < 1:
+            raise ValueError("depth must be at least 1")
+        self.depth = depth
+        self.forget_after_seconds = forget_after_seconds
+        self.agents: dict[str, AgentInfo] = {}
+        self.histories: dict[InstanceKey, InstanceHistory] = {}
+        self.topologies: dict[str, AppTopology] = {}
+        self.rejected: Counter = Counter()
+        self._baselines: dict[InstanceKey, _Baseline] = {}
+        self._logged: set[tuple[str, str]] = set()
+
+    # ------------------------------------------------------------------ agents
+    def agent_connected(self, hello: pb.Hello, now: float | None = None) -> AgentInfo:
+        now = time.time() if now is None else now
+        check_name("node_id", hello.node_id)
+        cap = hello.cpu_capacity_cores
+        if not math.isfinite(cap) or cap <= 0:
+            raise ValueError(f"node {hello.node_id}: cpu_capacity_cores {cap!r} is not positive")
+        info = AgentInfo(
+            node_id=hello.node_id,
+            cpu_capacity_cores=cap,
+            cgroup_mode=hello.cgroup_mode,
+            counters_available=tuple(hello.counters_available),
+            dry_run=hello.dry_run,
+            connected_at=now,
+            slot_seconds=hello.slot_seconds,
+        )
+        old = self.agents.get(hello.node_id)
+        if old is not None:
+            # A reconnect continues the node's series; only the link is new.
+            info.last_timestamp, info.last_slot = old.last_timestamp, old.last_slot
+            info.node_sample = old.node_sample
+        for c in hello.current_caps:
+            info.caps[InstanceKey(c.key.app, c.key.operator, c.key.instance)] = c.cap_cores
+        self.agents[hello.node_id] = info
+        return info
+
+    def agent_disconnected(self, node_id: str) -> None:
+        if node_id in self.agents:
+            self.agents[node_id].connected = False
+
+    # ------------------------------------------------------------------ reports
+    def _reject(self, result: IngestResult, node: str, reason: str, detail: str) -> None:
+        result.rejected[reason] += 1
+        self.rejected[reason] += 1
+        if (node, reason) not in self._logged:
+            self._logged.add((node, reason))
+            log.warning("node %s: rejected (%s): %s", node, reason, detail)
+
+    def ingest(self, report: pb.NodeReport, now: float | None = None) -> IngestResult:
+        now = time.time() if now is None else now
+        result = IngestResult()
+        node = report.node_id
+        agent = self.agents.get(node)
+        if agent is None:
+            self._reject(result, node, "unknown_node", "report before hello")
+            return result
+        ts = report.timestamp
+        if not math.isfinite(ts) or ts <= 0:
+            self._reject(result, node, "bad_timestamp", f"timestamp {ts!r}")
+            return result
+        if ts > now + MAX_CLOCK_SKEW_SECONDS:
+            self._reject(result, node, "future_timestamp", f"{ts - now:.0f} s ahead of the controller")
+            return result
+        if ts <= agent.last_timestamp:
+            self._reject(result, node, "duplicate_report", f"slot {report.slot} already seen")
+            return result
+        if not math.isfinite(report.slot_seconds) or report.slot_seconds <= 0:
+            self._reject(result, node, "bad_slot_seconds", f"slot_seconds {report.slot_seconds!r}")
+            return result
+        agent.last_timestamp, agent.last_slot, agent.last_report_at = ts, report.slot, now
+        if report.HasField("node"):
+            agent.node_sample = report.node
+        agent.caps = {}
+        for sample in report.instances:
+            slot = self._instance_slot(result, node, report, sample)
+            if slot is None:
+                continue
+            hist = self.histories.get(slot.key)
+            if hist is None:
+                hist = self.histories[slot.key] = InstanceHistory.empty(slot, self.depth)
+            hist.add(slot)
+            self._learn_topology(slot)
+            result.accepted += 1
+        self._forget_vanished(now)
+        return result
+
+    def _instance_slot(
+        self, result: IngestResult, node: str, report: pb.NodeReport, s: pb.InstanceSample
+    ) -> InstanceSlot | None:
+        try:
+            key = InstanceKey(
+                check_name("app", s.key.app), check_name("operator", s.key.operator), s.key.instance
+            )
+            worker = check_name("worker", s.worker) if s.worker else "default"
+            upstream = tuple(check_name("upstream", u) for u in s.upstream)
+        except InvalidName as exc:
+            self._reject(result, node, "bad_name", str(exc))
+            return None
+        if key.instance < 0:
+            self._reject(result, node, "bad_instance", f"{key}: negative instance index")
+            return None
+        floats = {
+            "cpu_seconds_total": s.cpu_seconds_total,
+            "cpu_usage_cores": s.cpu_usage_cores,
+            "latency_sum_seconds_total": s.latency_sum_seconds_total,
+            "service_seconds_total": s.service_seconds_total,
+        }
+        if s.HasField("cap_cores"):
+            floats["cap_cores"] = s.cap_cores
+        if s.HasField("throttled_seconds_total"):
+            floats["throttled_seconds_total"] = s.throttled_seconds_total
+        for name, v in floats.items():
+            if not math.isfinite(v):
+                self._reject(result, node, "nan", f"{key}: {name} is {v!r}")
+                return None
+            if v < 0:
+                self._reject(result, node, "negative", f"{key}: {name} is {v!r}")
+                return None
+        if s.queue_length < 0:
+            self._reject(result, node, "negative", f"{key}: queue_length is {s.queue_length}")
+            return None
+        cap = s.cap_cores if s.HasField("cap_cores") else None
+        if cap is not None:
+            self.agents[node].caps[key] = cap
+        throttled = s.throttled_seconds_total if s.HasField("throttled_seconds_total") else None
+        current = _Baseline(
+            report.timestamp, s.received_total, s.executed_total, s.emitted_total,
+            s.cpu_seconds_total, s.latency_sum_seconds_total, s.latency_count_total,
+            s.service_seconds_total, throttled,
+        )
+        prev = self._baselines.get(key)
+        self._baselines[key] = current
+        if prev is None:
+            return None  # the first reading only sets the baseline
+        seconds = current.timestamp - prev.timestamp
+        if seconds <= 0:
+            self._reject(result, node, "bad_timestamp", f"{key}: time did not advance")
+            return None
+        deltas = {
+            "received": current.received - prev.received,
+            "executed": current.executed - prev.executed,
+            "emitted": current.emitted - prev.emitted,
+            "cpu_seconds": current.cpu_seconds - prev.cpu_seconds,
+            "latency_sum": current.latency_sum - prev.latency_sum,
+            "latency_count": current.latency_count - prev.latency_count,
+            "service_seconds": current.service_seconds - prev.service_seconds,
+        }
+        went_back = sorted(k for k, v in deltas.items() if v < 0)
+        if went_back:
+            # An instance that restarted begins its counters again; its new
+            # reading becomes the baseline and this slot carries no delta.
+            self._reject(result, node, "counter_reset", f"{key}: {', '.join(went_back)} went backwards")
+            return None
+        throttled_delta = None
+        if throttled is not None and prev.throttled_seconds is not None:
+            throttled_delta = max(0.0, throttled - prev.throttled_seconds)
+        return InstanceSlot(
+            key=key, node=node, worker=worker, stateful=s.stateful, slot=report.slot,
+            timestamp=report.timestamp, seconds=seconds,
+            received=deltas["received"], executed=deltas["executed"], emitted=deltas["emitted"],
+            cpu_seconds=deltas["cpu_seconds"], queue_length=float(s.queue_length),
+            latency_sum_seconds=deltas["latency_sum"], latency_count=deltas["latency_count"],
+            service_seconds=deltas["service_seconds"], cap_cores=cap,
+            throttled_seconds=throttled_delta, upstream=upstream,
+        )
+
+    def _learn_topology(self, slot: InstanceSlot) -> None:
+        topo = self.topologies.setdefault(slot.key.app, AppTopology(slot.key.app))
+        topo.parents[slot.key.operator] = slot.upstream
+        topo.stateful[slot.key.operator] = slot.stateful
+
+    def _forget_vanished(self, now: float) -> None:
+        gone = [k for k, h in self.histories.items() if now - h.last_seen > self.forget_after_seconds]
+        for k in gone:
+            del self.histories[k]
+            self._baselines.pop(k, None)
+        if gone:
+            live_ops = {(k.app, k.operator) for k in self.histories}
+            for app, topo in list(self.topologies.items()):
+                for op in list(topo.parents):
+                    if (app, op) not in live_ops:
+                        del topo.parents[op]
+                        topo.stateful.pop(op, None)
+                if not topo.parents:
+                    del self.topologies[app]
+
+    # ------------------------------------------------------------------ views
+    def instances_of(self, app: str, operator: str) -> list[InstanceHistory]:
+        return sorted(
+            (h for k, h in self.histories.items() if k.app == app and k.operator == operator),
+            key=lambda h: h.key.instance,
+        )
+
+    def node_capacity(self) -> dict[str, float]:
+        return {n: a.cpu_capacity_cores for n, a in self.agents.items() if a.connected}

@@ -1,0 +1,361 @@
+"""The Structured Streaming history job: spool files in, event-time windows out.
+
+Plan of one query:
+
+1. the file source reads ``slot-*.json`` from the spool with an explicit schema
+   (``multiLine``: one JSON document per slot file, so a file is valid or not as a whole);
+2. each file becomes one array of uniform records, exploded once: one per instance
+   sample, one per node sample, one ``slot`` record carrying the decision, one
+   ``tick`` record stamped at the slot's end (it moves the watermark past the slot so
+   its window closes without waiting for the next slot), or, for a file that is not
+   valid JSON, has another schema version or lacks a required field, a single
+   ``quarantine`` record with the reason;
+3. a watermark on event time, then one streaming aggregation grouped by
+   (window, kind, keys) — append mode, so every window is emitted exactly once, when
+   the watermark has passed its end;
+4. :class:`HistorySink` (``foreachBatch``) turns the emitted groups into the history
+   tables (Parquet, ``date=YYYY-MM-DD`` partitions). Each file is named after the
+   micro-batch id and published by atomic rename, so replaying a batch after a crash
+   rewrites the same files with the same content: no loss (the checkpoint replays the
+   batch) and no duplicate (same name).
+
+The aggregated output of a batch is small (one row per operator, node and slot per
+window), so the sink writes it from the driver with pyarrow; the per-sample work
+(parsing, exploding, aggregating) runs on the executors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from spark_stream import schema as S
+from spark_stream.config import HistoryConfig
+
+log = logging.getLogger(__name__)
+
+_SPARK_TYPES = {"string": "StringType", "long": "LongType", "double": "DoubleType", "boolean": "BooleanType"}
+
+
+def spark_session(config: HistoryConfig, app_name: str = "dsched-history"):
+    """A Spark session on ``config.spark_master`` with the history job's settings."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(config.spark_master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(config.shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
+    )
+    for key, value in config.spark_conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _spark_type(name: str):
+    from pyspark.sql import types as T
+
+    return getattr(T, _SPARK_TYPES[name])()
+
+
+def spool_spark_schema():
+    """The explicit Spark schema of a spool file (version 1) plus the corrupt-record column."""
+    from pyspark.sql import types as T
+
+    def struct(fields: list[tuple[str, str]]) -> T.StructType:
+        return T.StructType([T.StructField(n, _spark_type(t), True) for n, t in fields])
+
+    return T.StructType(
+        [
+            T.StructField("v", T.LongType(), True),
+            T.StructField("slot", T.LongType(), True),
+            T.StructField("timestamp", T.DoubleType(), True),
+            T.StructField("slot_seconds", T.DoubleType(), True),
+            T.StructField("written_at", T.DoubleType(), True),
+            T.StructField("instances", T.ArrayType(struct(S.INSTANCE_FIELDS)), True),
+            T.StructField("nodes", T.ArrayType(struct(S.NODE_FIELDS)), True),
+            T.StructField("decision", T.StringType(), True),
+            T.StructField("_corrupt_record", T.StringType(), True),
+        ]
+    )
+
+
+# The uniform record every spool entry is turned into before the aggregation.
+_RECORD_FIELDS: list[tuple[str, str]] = [
+    ("kind", "string"),
+    ("app", "string"),
+    ("operator", "string"),
+    ("node", "string"),
+    ("slot_key", "long"),
+    ("source_file", "string"),
+    ("detail", "string"),
+    ("stateful", "long"),
+    *[(c, "double") for c in S.OPERATOR_COUNTERS + S.OPERATOR_GAUGES + S.NODE_GAUGES],
+]
+
+
+def _record(kind: str, event_time, **values):
+    from pyspark.sql import functions as F
+
+    cols = [F.lit(kind).alias("kind"), event_time.cast("timestamp").alias("event_time")]
+    for name, typ in _RECORD_FIELDS[1:]:
+        value = values.get(name)
+        expr = F.lit(None) if value is None else value
+        cols.append(expr.cast(_spark_type(typ)).alias(name))
+    return F.struct(*cols)
+
+
+def windows_stream(spark, config: HistoryConfig):
+    """The streaming DataFrame of aggregated (window, kind, keys) groups."""
+    from pyspark.sql import functions as F
+
+    raw = (
+        spark.readStream.schema(spool_spark_schema())
+        .option("multiLine", "true")
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", "_corrupt_record")
+        .option("pathGlobFilter", "slot-*.json")
+        .json(str(config.spool_dir))
+        .select("*", F.col("_metadata.file_name").alias("file_name"))
+    )
+    reason = (
+        F.when(F.col("_corrupt_record").isNotNull(), F.lit("bad_json"))
+        .when(F.col("v").isNull() | (F.col("v") != S.SPOOL_SCHEMA_VERSION), F.lit("schema_version"))
+        .when(
+            F.col("slot").isNull() | F.col("timestamp").isNull() | F.col("slot_seconds").isNull()
+            | (F.col("slot_seconds") <= 0),
+            F.lit("missing_field"),
+        )
+    )
+    start = F.timestamp_seconds(F.col("timestamp"))
+    end = F.timestamp_seconds(F.col("timestamp") + F.col("slot_seconds"))
+    instances = F.transform(
+        F.coalesce(F.col("instances"), F.array()),
+        lambda i: _record(
+            "instance", start, app=i["app"], operator=i["operator"],
+            stateful=i["stateful"].cast("long"),
+            **{c: i[c] for c in S.OPERATOR_COUNTERS + S.OPERATOR_GAUGES},
+        ),
+    )
+    nodes = F.transform(
+        F.coalesce(F.col("nodes"), F.array()),
+        lambda n: _record("node", start, node=n["node"], **{c: n[c] for c in S.NODE_GAUGES}),
+    )
+    slot = _record("slot", start, slot_key=F.col("slot"), source_file=F.col("file_name"),
+                   detail=F.col("decision"))
+    tick = _record("tick", end)
+    # A quarantined file has no trustworthy content; its name carries the slot start,
+    # so it sits on the same clock as the samples and cannot push the watermark ahead.
+    name_time = F.timestamp_millis(F.regexp_extract("file_name", S.SPOOL_NAME_PATTERN, 2).cast("long"))
+    quarantine = _record("quarantine", name_time, source_file=F.col("file_name"),
+                         detail=reason)
+    records = F.when(reason.isNull(), F.concat(instances, nodes, F.array(slot, tick))).otherwise(
+        F.array(quarantine)
+    )
+    exploded = raw.select(F.explode(records).alias("r")).select("r.*")
+    keys = ["kind", "app", "operator", "node", "slot_key", "source_file", "detail"]
+    sums = [F.sum(c).alias(c) for c in S.OPERATOR_COUNTERS + S.OPERATOR_GAUGES + S.NODE_GAUGES]
+    counts = [F.count(c).alias(f"{c}__n") for c in S.NODE_GAUGES]
+    return (
+        exploded.withWatermark("event_time", f"{int(config.watermark_seconds * 1000)} milliseconds")
+        .groupBy(F.window("event_time", f"{int(config.window_seconds * 1000)} milliseconds"), *keys)
+        .agg(F.count(F.lit(1)).alias("samples"), F.max("stateful").alias("stateful"), *sums, *counts)
+        .select(F.col("window.start").alias("window_start"),
+                F.col("window.end").alias("window_end"), "*")
+        .drop("window")
+    )
+
+
+def _utc(series: pd.Series) -> pd.Series:
+    s = pd.to_datetime(series)
+    return s.dt.tz_localize("UTC") if s.dt.tz is None else s.dt.tz_convert("UTC")
+
+
+def operator_windows(groups: pd.DataFrame, batch_id: int) -> pd.DataFrame:
+    """Per (app, operator, window): counters summed, gauges as mean per slot of the sum."""
+    slots = groups[groups["kind"] == "slot"].groupby("window_start")["samples"].sum()
+    ops = groups[groups["kind"] == "instance"].copy()
+    if ops.empty:
+        return pd.DataFrame(columns=S.OPERATOR_TABLE.names)
+    ops["slots"] = ops["window_start"].map(slots).fillna(1).clip(lower=1).astype("int64")
+    ops["instances"] = ops["samples"] / ops["slots"]
+    for c in S.OPERATOR_GAUGES:
+        ops[c] = ops[c] / ops["slots"]
+    bounds = groups[groups["kind"] == "slot"].groupby("window_start")["slot_key"].agg(["min", "max"])
+    ops["slot_first"] = ops["window_start"].map(bounds["min"]).astype("Int64")
+    ops["slot_last"] = ops["window_start"].map(bounds["max"]).astype("Int64")
+    ops["stateful"] = ops["stateful"].fillna(0) > 0
+    ops["batch_id"] = batch_id
+    return ops[S.OPERATOR_TABLE.names].sort_values(["window_start", "app", "operator"])
+
+
+def node_windows(groups: pd.DataFrame, batch_id: int) -> pd.DataFrame:
+    nodes = groups[groups["kind"] == "node"].copy()
+    if nodes.empty:
+        return pd.DataFrame(columns=S.NODE_TABLE.names)
+    for c in S.NODE_GAUGES:
+        count = nodes[f"{c}__n"]
+        # A counter the node cannot read stays missing; it is never averaged in as zero.
+        nodes[c] = (nodes[c] / count).where(count > 0)
+    nodes["batch_id"] = batch_id
+    return nodes[S.NODE_TABLE.names].sort_values(["window_start", "node"])
+
+
+def decision_records(groups: pd.DataFrame, batch_id: int) -> pd.DataFrame:
+    slots = groups[groups["kind"] == "slot"].rename(columns={"slot_key": "slot", "detail": "decision"})
+    slots = slots.assign(batch_id=batch_id)
+    return slots[S.DECISION_TABLE.names].sort_values("slot")
+
+
+def quarantine_records(groups: pd.DataFrame, batch_id: int) -> pd.DataFrame:
+    bad = groups[groups["kind"] == "quarantine"].rename(columns={"detail": "reason"})
+    bad = bad.assign(batch_id=batch_id)
+    return bad[S.QUARANTINE_TABLE.names].sort_values("source_file")
+
+
+def write_partitioned(frame: pd.DataFrame, table_dir: Path, schema: pa.Schema, batch_id: int,
+                      date_column: str | None = "window_start") -> list[Path]:
+    """Write one Parquet file per date partition named after the batch; atomic and idempotent."""
+    if frame.empty:
+        return []
+    if date_column is None:
+        parts = {time.strftime("%Y-%m-%d", time.gmtime()): frame}
+    else:
+        dates = _utc(frame[date_column]).dt.strftime("%Y-%m-%d")
+        parts = {d: frame[dates == d] for d in sorted(dates.unique())}
+    written = []
+    for date, part in parts.items():
+        directory = table_dir / f"date={date}"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"batch-{batch_id:012d}.parquet"
+        table = pa.Table.from_pandas(part.reset_index(drop=True), schema=schema, preserve_index=False)
+        tmp = directory / f".batch-{batch_id:012d}.parquet.tmp"
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+        written.append(path)
+    return written
+
+
+def read_progress(config: HistoryConfig) -> dict[str, Any]:
+    try:
+        return json.loads(config.progress_path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name("." + path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class HistorySink:
+    """``foreachBatch`` target: emitted window groups → history tables + progress file."""
+
+    def __init__(self, config: HistoryConfig):
+        self.config = config
+        self.batches = 0
+        self.last_batch_id: int | None = None
+        self.last_batch_at: float | None = None
+
+    def __call__(self, batch_df, batch_id: int) -> None:
+        groups = batch_df.toPandas()
+        self.write(groups, batch_id)
+
+    def write(self, groups: pd.DataFrame, batch_id: int) -> None:
+        cfg = self.config
+        if not groups.empty:
+            groups["window_start"] = _utc(groups["window_start"])
+            groups["window_end"] = _utc(groups["window_end"])
+            write_partitioned(operator_windows(groups, batch_id), cfg.operators_dir,
+                              S.OPERATOR_TABLE, batch_id)
+            write_partitioned(node_windows(groups, batch_id), cfg.nodes_dir, S.NODE_TABLE, batch_id)
+            write_partitioned(decision_records(groups, batch_id), cfg.decisions_dir,
+                              S.DECISION_TABLE, batch_id)
+            bad = quarantine_records(groups, batch_id)
+            write_partitioned(bad, cfg.quarantine_table_dir, S.QUARANTINE_TABLE, batch_id,
+                              date_column=None)
+            self._move_quarantined(bad["source_file"].tolist())
+        self._update_progress(groups, batch_id)
+        self.batches += 1
+        self.last_batch_id = batch_id
+        self.last_batch_at = time.time()
+
+    def _move_quarantined(self, names: list[str]) -> None:
+        # The batch that read these files is committed (windows are emitted one batch
+        # later), so moving them cannot break a replay.
+        qdir = self.config.quarantine_dir
+        qdir.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            src = self.config.spool_dir / name
+            if src.exists():
+                shutil.move(src, qdir / name)
+
+    def _update_progress(self, groups: pd.DataFrame, batch_id: int) -> None:
+        progress = read_progress(self.config)
+        slots = groups[groups["kind"] == "slot"] if not groups.empty else groups
+        committed = progress.get("committed_slot")
+        if not slots.empty:
+            top = int(slots["slot_key"].max())
+            committed = top if committed is None else max(committed, top)
+        latest_end = progress.get("latest_window_end")
+        if not groups.empty:
+            top_end = groups.loc[groups["kind"] != "tick", "window_end"].max()
+            if pd.notna(top_end):
+                top_end = top_end.timestamp()
+                latest_end = top_end if latest_end is None else max(latest_end, top_end)
+        progress.update(
+            batch_id=batch_id,
+            committed_slot=committed,
+            latest_window_end=latest_end,
+            updated_at=time.time(),
+            schema_version=S.SPOOL_SCHEMA_VERSION,
+        )
+        _write_json_atomic(self.config.progress_path, progress)
+
+
+def ensure_dirs(config: HistoryConfig) -> None:
+    for d in (config.spool_dir, config.table_dir, config.checkpoint_dir, config.quarantine_dir):
+        Path(d).mkdir(parents=True, exist_ok=True)
+
+
+def start_query(spark, config: HistoryConfig, sink: Callable[[Any, int], None] | None = None,
+                available_now: bool = False):
+    """Start the streaming query; ``available_now`` processes what is spooled, then stops."""
+    ensure_dirs(config)
+    writer = (
+        windows_stream(spark, config)
+        .writeStream.outputMode("append")
+        .foreachBatch(sink or HistorySink(config))
+        .option("checkpointLocation", str(config.checkpoint_dir))
+        .queryName("dsched_history")
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{int(config.trigger_seconds * 1000)} milliseconds")
+    return writer.start()
+
+
+def run_available(spark, config: HistoryConfig, sink=None, timeout: float = 300.0) -> None:
+    """Process every spooled file now (and emit the windows it closes), then return."""
+    query = start_query(spark, config, sink, available_now=True)
+    query.awaitTermination(timeout)
+    if query.isActive:
+        query.stop()
+        raise TimeoutError(f"history query did not finish within {timeout} s")
+    if query.exception() is not None:
+        raise RuntimeError(f"history query failed: {query.exception()}")

@@ -1,0 +1,210 @@
+"""cgroup v2 and resctrl against directories laid out like the kernel's (this VM has neither
+a v2 cpu controller nor resctrl), plus PSI, /proc thread stat and jcmd parsing on real data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.cgroups import CgroupV2, detect_mode, make_backend
+from agent.config import AgentConfig
+from agent.discovery import match_threads, parse_jcmd_threads, proc_threads
+from agent.config import DiscoveryRule
+from agent.node import NodeAgent
+from agent.registry import InstanceKey
+from agent.sampling import Resctrl, read_pressure, thread_cpu_seconds
+from tests.test_agent_support import WorkerThread
+
+
+def _fake_v2_layout(tmp: Path) -> Path:
+    mount = tmp / "cgroup2"
+    mount.mkdir()
+    (mount / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (mount / "cgroup.subtree_control").write_text("")
+    (mount / "cgroup.procs").write_text("1\n")
+    (mount / "cgroup.threads").write_text("1\n")
+    return mount
+
+
+def test_v2_backend_builds_threaded_subtree_fake_v2_layout(tmp_path):
+    mount = _fake_v2_layout(tmp_path)
+    assert detect_mode(str(mount))[0] == "v2"
+    backend, _ = make_backend("auto", str(mount), "dsched", 100_000, dry_run=False)
+    assert isinstance(backend, CgroupV2)
+    key = InstanceKey("wc", "count", 2)
+    path = backend.create(key, "w1", pid=4242)
+    assert path == (mount / "dsched" / "wc" / "w1" / "count-2").resolve()
+    for level in (mount, mount / "dsched", mount / "dsched" / "wc", mount / "dsched" / "wc" / "w1"):
+        assert "+cpu" in (level / "cgroup.subtree_control").read_text()
+    assert (path.parent / "cgroup.procs").read_text().split() == ["4242"]
+    assert (path / "cgroup.type").read_text().strip() == "threaded"
+    backend.attach(path, 4242, 4243)
+    assert backend.tids(path) == [4243]
+    backend.set_cap(path, 0.35)
+    assert (path / "cpu.max").read_text().split() == ["35000", "100000"]
+    assert backend.read_cap(path) == pytest.approx(0.35)
+    backend.set_cap(path, None)
+    assert (path / "cpu.max").read_text().split() == ["max", "100000"]
+    (path / "cpu.stat").write_text(
+        "usage_usec 900\nuser_usec 800\nsystem_usec 100\nnr_periods 40\nnr_throttled 7\nthrottled_usec 250000\n"
+    )
+    th = backend.throttling(path)
+    assert (th.periods_total, th.throttled_periods_total, th.throttled_seconds_total) == (40, 7, 0.25)
+    backend.set_cap(path, 0.5)
+    adopted = backend.adopt()
+    assert [(a.key, a.worker, a.cap_cores, a.tids) for a in adopted] == [(key, "w1", 0.5, (4243,))]
+
+
+def test_v2_backend_refuses_escaping_names_fake_v2_layout(tmp_path):
+    mount = _fake_v2_layout(tmp_path)
+    backend = CgroupV2(mount, "dsched")
+    with pytest.raises(ValueError):
+        backend.create(InstanceKey("..", "x", 0), "w", 1)
+    with pytest.raises(ValueError):
+        backend.set_cap(mount / "cgroup.procs", 1.0)
+    assert not (mount / "dsched").exists()
+
+
+def test_no_cpu_controller_means_no_enforcement(tmp_path):
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    backend, why = make_backend("auto", str(empty), "dsched", 100_000, dry_run=False)
+    assert backend.mode == "none" and "no cgroup cpu controller" in why
+
+
+def _fake_resctrl_layout(tmp: Path, groups: dict[str, list[tuple[int, int]]]) -> Path:
+    mount = tmp / "resctrl"
+    (mount / "info" / "L3_MON").mkdir(parents=True)
+    (mount / "mon_groups").mkdir()
+    for group, domains in groups.items():
+        for i, (llc, mbm) in enumerate(domains):
+            d = mount / "mon_groups" / group / "mon_data" / f"mon_L3_{i:02d}"
+            d.mkdir(parents=True)
+            (d / "llc_occupancy").write_text(f"{llc}\n")
+            (d / "mbm_total_bytes").write_text(f"{mbm}\n")
+        (mount / "mon_groups" / group / "tasks").write_text("")
+    return mount
+
+
+def test_resctrl_sums_domains_per_app_and_derives_bandwidth_fake_resctrl_layout(tmp_path):
+    mount = _fake_resctrl_layout(tmp_path, {"wc": [(1000, 10_000), (500, 5_000)], "other": [(9, 9)]})
+    r = Resctrl(mount)
+    assert r.available
+    llc, bw = r.read({"wc"})
+    assert llc == {"wc": 1500.0} and bw == {}
+    time.sleep(0.05)
+    for i, mbm in enumerate((20_000, 15_000)):
+        (mount / "mon_groups" / "wc" / "mon_data" / f"mon_L3_{i:02d}" / "mbm_total_bytes").write_text(str(mbm))
+    _llc, bw = r.read({"wc"})
+    assert bw["wc"] > 0
+    r.assign("wc", [123, 456])
+    assert (mount / "mon_groups" / "wc" / "tasks").read_text().split() == ["456"]
+
+
+def test_missing_resctrl_is_reported_unavailable_not_zero(tmp_path):
+    agent = NodeAgent(AgentConfig(dry_run=True, resctrl_mount=str(tmp_path / "absent")))
+    t = WorkerThread()
+    try:
+        agent.register("wc", "count", 0, "w1", True, os.getpid(), t.tid)
+        node = agent.report().node
+        assert not node.llc_available and not node.memory_bandwidth_available
+        assert dict(node.llc_occupancy_bytes) == {}
+        assert "llc_occupancy" not in agent.hello().counters_available
+    finally:
+        t.join()
+        agent.close()
+
+
+def test_report_carries_resctrl_figures_fake_resctrl_layout(tmp_path):
+    mount = _fake_resctrl_layout(tmp_path, {"wc": [(2048, 1)]})
+    agent = NodeAgent(AgentConfig(dry_run=True, resctrl_mount=str(mount)))
+    t = WorkerThread()
+    try:
+        agent.register("wc", "count", 0, "w1", True, os.getpid(), t.tid)
+        node = agent.report().node
+        assert node.llc_available and dict(node.llc_occupancy_bytes) == {"wc": 2048.0}
+        assert {"llc_occupancy", "memory_bandwidth"} <= set(agent.hello().counters_available)
+    finally:
+        t.join()
+        agent.close()
+
+
+def test_pressure_parsed_and_missing_file_is_none(tmp_path):
+    psi = tmp_path / "cpu"
+    psi.write_text(
+        "some avg10=1.50 avg60=0.75 avg300=0.10 total=123\nfull avg10=0.20 avg60=0.10 avg300=0.00 total=4\n"
+    )
+    p = read_pressure(psi)
+    assert (p.some_avg10, p.some_avg60, p.full_avg10, p.full_avg60) == (1.5, 0.75, 0.2, 0.1)
+    assert read_pressure(tmp_path / "absent") is None
+    if Path("/proc/pressure/cpu").exists():
+        assert read_pressure() is not None
+
+
+def test_thread_cpu_seconds_grows_for_a_busy_thread_and_is_none_after_exit():
+    t = WorkerThread(busy=True)
+    first = thread_cpu_seconds("/proc", os.getpid(), t.tid)
+    time.sleep(0.3)
+    second = thread_cpu_seconds("/proc", os.getpid(), t.tid)
+    t.join()
+    time.sleep(0.05)
+    assert first is not None and second > first
+    assert thread_cpu_seconds("/proc", os.getpid(), t.tid) is None
+
+
+# Captured on this machine: `jcmd <pid> Thread.print` of a Java 17 program (abridged).
+JCMD_OUTPUT = '''Full thread dump OpenJDK 64-Bit Server VM (17.0.15+6-Debian-1deb12u1 mixed mode, sharing):
+
+"main" #1 prio=5 os_prio=0 cpu=526.72ms elapsed=6.25s tid=0x00007fac90018040 nid=0x18aa waiting on condition  [0x00007fac945fe000]
+   java.lang.Thread.State: TIMED_WAITING (sleeping)
+\tat java.lang.Thread.sleep(java.base@17.0.15/Native Method)
+
+"wordcount-split-instance-0" #12 daemon prio=5 os_prio=0 cpu=0.09ms elapsed=4.99s tid=0x00007fac903fe0a0 nid=0x18d9 waiting on condition  [0x00007fac0ecfc000]
+   java.lang.Thread.State: TIMED_WAITING (sleeping)
+
+"wordcount-split-instance-1" #13 daemon prio=5 os_prio=0 cpu=0.10ms elapsed=4.99s tid=0x00007fac90400b20 nid=0x18da waiting on condition  [0x00007fac0ebfc000]
+   java.lang.Thread.State: TIMED_WAITING (sleeping)
+
+"GC Thread#1" os_prio=0 cpu=5.61ms elapsed=5.01s tid=0x00007fac08004990 nid=0x18d8 runnable
+'''
+
+
+def test_jcmd_thread_dump_parsed_to_tids_and_rule_matches():
+    threads = parse_jcmd_threads(JCMD_OUTPUT)
+    assert threads[0x18D9] == "wordcount-split-instance-0"
+    assert threads[0x18AA] == "main" and threads[0x18D8] == "GC Thread#1"
+    rule = DiscoveryRule(
+        cmdline="java", thread_name=r"(?P<app>\w+)-(?P<operator>\w+)-instance-(?P<instance>\d+)", jvm=True
+    )
+    rule.validate()
+    found = match_threads(rule, 77, threads)
+    assert [(m.app, m.operator, m.instance, m.tid) for m in found] == [
+        ("wordcount", "split", 0, 0x18D9), ("wordcount", "split", 1, 0x18DA),
+    ]
+
+
+def test_rule_finds_named_threads_of_a_real_process_in_proc():
+    code = (
+        "import threading, time, ctypes\n"
+        "def run(n):\n"
+        "    ctypes.CDLL(None).prctl(15, f'op-count-{n}'.encode(), 0, 0, 0)\n"
+        "    time.sleep(30)\n"
+        "for n in range(2): threading.Thread(target=run, args=(n,), daemon=True).start()\n"
+        "print('ready', flush=True); time.sleep(30)\n"
+    )
+    proc = subprocess.Popen(["python3", "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.1)
+        rule = DiscoveryRule(
+            cmdline="op-count", thread_name=r"op-(?P<operator>\w+)-(?P<instance>\d+)", app="wc"
+        )
+        found = match_threads(rule, proc.pid, proc_threads("/proc", proc.pid))
+        assert sorted((m.operator, m.instance) for m in found) == [("count", 0), ("count", 1)]
+    finally:
+        proc.kill()
+        proc.wait()

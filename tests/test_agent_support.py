@@ -1,0 +1,143 @@
+"""Shared pieces of the agent tests: real threads, a real cgroup root, a real gRPC controller.
+
+Holds no tests itself; the other tests/test_agent_*.py import from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from agent.cgroups import CgroupV1
+from dsched_pb import dsched_pb2 as pb
+from dsched_pb import dsched_pb2_grpc as pb_grpc
+
+_counter = itertools.count()
+
+
+def unique_root() -> str:
+    return f"dsched-test-{os.getpid()}-{next(_counter)}"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0, step: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return bool(predicate())
+
+
+class WorkerThread:
+    """A real OS thread: sleeping, or saturated with hashlib (which releases the GIL)."""
+
+    def __init__(self, busy: bool = False):
+        self.stop = threading.Event()
+        self._ready = threading.Event()
+        self.tid = 0
+        self.busy = busy
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        self._ready.wait(5)
+
+    def _run(self) -> None:
+        self.tid = threading.get_native_id()
+        self._ready.set()
+        if not self.busy:
+            self.stop.wait()
+            return
+        buf = b"x" * 65536
+        while not self.stop.is_set():
+            hashlib.sha256(buf).digest()
+
+    def join(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def release_tree(mount: Path, root_name: str) -> None:
+    """Move every thread left in the test root back to the top cgroup, then remove the root."""
+    root = mount / root_name
+    if not root.exists():
+        return
+    for tasks in root.rglob("tasks"):
+        for tid in tasks.read_text().split():
+            try:
+                fd = os.open(mount / "tasks", os.O_WRONLY)
+                try:
+                    os.write(fd, tid.encode())
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
+    CgroupV1(mount, root_name).remove_root()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RecordingController(pb_grpc.AgentServiceServicer):
+    """A minimal controller side of AgentService.Connect on a real gRPC server."""
+
+    def __init__(self, welcome_epoch: int = 0):
+        self.welcome_epoch = welcome_epoch
+        self.hellos: list[pb.Hello] = []
+        self.reports: list[pb.NodeReport] = []
+        self.acks: list[pb.Ack] = []
+        self.outbox: queue.Queue[pb.ControllerMessage] = queue.Queue()
+        self.server: grpc.Server | None = None
+        self.port = 0
+
+    def Connect(self, request_iterator, context) -> Iterator[pb.ControllerMessage]:  # noqa: N802
+        def read() -> None:
+            try:
+                for msg in request_iterator:
+                    kind = msg.WhichOneof("body")
+                    getattr(self, {"hello": "hellos", "report": "reports", "ack": "acks"}[kind]).append(
+                        getattr(msg, kind)
+                    )
+            except grpc.RpcError:
+                pass
+
+        threading.Thread(target=read, daemon=True).start()
+        yield pb.ControllerMessage(welcome=pb.Welcome(epoch=self.welcome_epoch, slot_seconds=1))
+        while context.is_active():
+            try:
+                yield self.outbox.get(timeout=0.05)
+            except queue.Empty:
+                continue
+
+    def start(self, port: int = 0) -> int:
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_AgentServiceServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        self.server.start()
+        return self.port
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(grace=0).wait(5)
+            self.server = None
+
+    def send_caps(self, epoch: int, caps: list[tuple[str, str, int, float]]) -> None:
+        directive = pb.CapDirective(epoch=epoch, reason="test")
+        for app, operator, instance, cap in caps:
+            directive.caps.append(
+                pb.InstanceCap(
+                    key=pb.InstanceKey(app=app, operator=operator, instance=instance), cap_cores=cap
+                )
+            )
+        self.outbox.put(pb.ControllerMessage(directive=directive))

@@ -1,0 +1,244 @@
+"""Properties of the ``liu`` strategy over random clusters and DAGs, and the
+cases of Liu et al. Algorithms 1-3 on hand-made clusters."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controller.placement import ClusterState, Instance, Node, Worker, apply_plan, get_strategy
+from controller.placement.common import current_fits, first_fit_decreasing
+
+
+@st.composite
+def clusters(draw) -> ClusterState:
+    """Random nodes, apps with random DAGs (edges only forward, so acyclic) and demands."""
+    node_count = draw(st.integers(1, 5))
+    nodes = [Node(f"n{k}", draw(st.floats(0.5, 4.0, allow_nan=False))) for k in range(node_count)]
+    instances, dags, traffic = [], {}, {}
+    for a in range(draw(st.integers(1, 3))):
+        app = f"app{a}"
+        ops = [f"op{j}" for j in range(draw(st.integers(1, 4)))]
+        edges = tuple(
+            (ops[i], ops[j])
+            for i in range(len(ops))
+            for j in range(i + 1, len(ops))
+            if draw(st.booleans())
+        )
+        dags[app] = edges
+        by_op = {}
+        for op in ops:
+            stateful = draw(st.booleans())
+            by_op[op] = [
+                Instance(app, op, k, draw(st.floats(0.0, 1.0, allow_nan=False)), stateful)
+                for k in range(draw(st.integers(1, 3)))
+            ]
+            instances += by_op[op]
+        for up, down in edges:
+            for s in by_op[up]:
+                for r in by_op[down]:
+                    traffic[(s.id, r.id)] = draw(st.floats(0.0, 100.0, allow_nan=False))
+    return ClusterState(tuple(nodes), tuple(instances), (), dags, traffic)
+
+
+@st.composite
+def running_clusters(draw) -> ClusterState:
+    """A cluster placed by ``liu`` whose demands then change (grow or shrink)."""
+    initial = draw(clusters())
+    placed = apply_plan(initial, get_strategy("liu").plan(initial))
+    changed = tuple(
+        Instance(
+            i.app,
+            i.operator,
+            i.index,
+            i.demand_cores * draw(st.floats(0.2, 2.5, allow_nan=False)),
+            i.stateful,
+            i.worker,
+            i.node,
+        )
+        for i in placed.instances
+    )
+    return ClusterState(placed.nodes, changed, placed.workers, placed.dags, placed.traffic)
+
+
+def _kinds_per_worker(state: ClusterState, plan) -> dict[str, set[tuple[str, bool]]]:
+    instances = state.instance_map()
+    out: dict[str, set[tuple[str, bool]]] = {}
+    for inst, (worker, _) in plan.assignment.items():
+        out.setdefault(worker, set()).add((instances[inst].app, instances[inst].stateful))
+    return out
+
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(running_clusters())
+def test_liu_never_mixes_stateful_and_stateless_in_one_worker(state):
+    plan = get_strategy("liu").plan(state)
+    assert plan.mixed_workers == 0
+    for worker, kinds in _kinds_per_worker(state, plan).items():
+        assert len(kinds) == 1, f"{worker} holds {kinds}"
+    seen = set()
+    for w in plan.workers:
+        assert w.stateful is not None
+        key = (w.app, w.node, w.stateful)
+        assert key not in seen, f"second {key} worker"
+        seen.add(key)
+
+
+@PROPERTY
+@given(running_clusters(), st.floats(0.0, 0.3, allow_nan=False))
+def test_liu_leaves_no_node_over_capacity_when_a_packing_exists(state, headroom):
+    _, packable = first_fit_decreasing(state, headroom)
+    plan = get_strategy("liu").plan(state, headroom_cores=headroom)
+    assert set(plan.assignment) == {i.id for i in state.instances}
+    if packable:
+        assert plan.feasible, plan.reasons
+        loads = {}
+        for inst in state.instances:
+            node = plan.assignment[inst.id][1]
+            loads[node] = loads.get(node, 0.0) + inst.demand_cores
+        for node, load in loads.items():
+            assert load <= state.capacity(node, headroom) + 1e-6
+
+
+@PROPERTY
+@given(running_clusters())
+def test_liu_returns_no_move_when_none_is_needed(state):
+    plan = get_strategy("liu", scale_in=False).plan(state)
+    fits_now, _ = current_fits(state, 0.0)
+    if fits_now:
+        assert plan.moves == ()
+        assert plan.affected_workers == ()
+        assert "no move needed" in plan.reasons
+    elif first_fit_decreasing(state, 0.0)[1]:
+        assert plan.moves
+
+
+@PROPERTY
+@given(running_clusters())
+def test_liu_scale_in_moves_only_to_empty_a_node(state):
+    fits_now, _ = current_fits(state, 0.0)
+    plan = get_strategy("liu").plan(state)
+    if fits_now and plan.moves:
+        used_before = {i.node for i in state.instances}
+        assert plan.nodes_used < len(used_before)
+        assert any(r.startswith("scale in") for r in plan.reasons)
+
+
+@PROPERTY
+@given(clusters())
+def test_liu_initial_placement_places_every_instance_separated(state):
+    plan = get_strategy("liu").plan(state)
+    assert set(plan.assignment) == {i.id for i in state.instances}
+    assert all(m.from_worker is None for m in plan.moves)
+    assert len(plan.moves) == len(state.instances)
+    assert plan.mixed_workers == 0
+
+
+def _wordcount(demands: dict[str, float], capacity: float = 2.0, nodes: int = 3):
+    """WordCount (spout -> split -> count, count stateful) running on n0 and n1."""
+    node_list = tuple(Node(f"n{k}", capacity) for k in range(nodes))
+    workers = (
+        Worker("wc@n0:sl", "wc", "n0", False),
+        Worker("wc@n0:sf", "wc", "n0", True),
+        Worker("wc@n1:sl", "wc", "n1", False),
+        Worker("wc@n1:sf", "wc", "n1", True),
+    )
+    instances = []
+    for op, stateful in (("spout", False), ("split", False), ("count", True)):
+        for k in range(2):
+            node = f"n{k}"
+            worker = f"wc@{node}:{'sf' if stateful else 'sl'}"
+            instances.append(Instance("wc", op, k, demands[op], stateful, worker, node))
+    dags = {"wc": (("spout", "split"), ("split", "count"))}
+    return ClusterState(node_list, tuple(instances), workers, dags, {})
+
+
+def test_liu_moves_only_stateless_instances_when_that_suffices():
+    state = _wordcount({"spout": 0.4, "split": 1.0, "count": 0.5})  # 1.9 per node: fits
+    assert get_strategy("liu", scale_in=False).plan(state).moves == ()
+    grown = _wordcount({"spout": 0.5, "split": 1.2, "count": 0.5})  # 2.2 per node: over
+    plan = get_strategy("liu").plan(grown)
+    assert plan.feasible
+    assert plan.stateful_moves == 0
+    assert plan.affected_stateful_workers == ()
+    assert plan.restarted_stateful == 0
+    assert {m.instance.split("/")[1] for m in plan.moves} <= {"spout", "split"}
+    assert set(plan.affected_workers) <= {"wc@n0:sl", "wc@n1:sl"}
+    assert any("disrupting stateless" in r for r in plan.reasons)
+
+
+def test_liu_disrupts_the_stateful_worker_when_stateless_ones_alone_do_not_fit():
+    # n0: two stateful count instances need 2.2 cores > 2.0; its stateless split fits alone.
+    nodes = (Node("n0", 2.0), Node("n1", 2.0))
+    workers = (Worker("wc@n0:sl", "wc", "n0", False), Worker("wc@n0:sf", "wc", "n0", True))
+    insts = (
+        Instance("wc", "split", 0, 0.1, False, "wc@n0:sl", "n0"),
+        Instance("wc", "count", 0, 1.1, True, "wc@n0:sf", "n0"),
+        Instance("wc", "count", 1, 1.1, True, "wc@n0:sf", "n0"),
+    )
+    state = ClusterState(nodes, insts, workers, {"wc": (("split", "count"),)})
+    plan = get_strategy("liu", scale_in=False).plan(state)
+    assert plan.feasible
+    assert plan.affected_workers == ("wc@n0:sf",)
+    assert plan.stateful_moves == 1
+    assert any("disrupting stateful" in r for r in plan.reasons)
+    # The stateful instance that moved went into a new stateful worker on n1.
+    (move,) = plan.moves
+    assert move.to_node == "n1" and move.to_worker.endswith(":sf")
+
+
+def test_liu_prefers_a_node_where_no_extra_worker_is_disrupted():
+    # n0 overloaded by stateless work; n1 has a stateless worker with room, n2 is unused.
+    state = _wordcount({"spout": 0.5, "split": 1.2, "count": 0.3})
+    plan = get_strategy("liu", scale_in=False).plan(state)
+    # Zero-affected targets come first: n0's own (disrupted) worker, then a node without
+    # a stateless worker of wc; n1's stateless worker is only disrupted if that fails.
+    assert "wc@n1:sf" not in plan.affected_workers
+
+
+def test_liu_scale_in_empties_the_least_loaded_node():
+    state = _wordcount({"spout": 0.1, "split": 0.2, "count": 0.2})  # 0.5 per node
+    plan = get_strategy("liu").plan(state)
+    assert plan.nodes_used == 1
+    assert plan.feasible
+    assert plan.mixed_workers == 0
+    emptied = {m.from_node for m in plan.moves}
+    assert len(emptied) == 1
+    assert any(r.startswith("scale in: emptied node") for r in plan.reasons)
+    # Merged into one worker of each kind on the remaining node.
+    assert len(plan.workers) == 2
+
+
+def test_liu_replaces_instances_of_a_vanished_node():
+    state = _wordcount({"spout": 0.2, "split": 0.3, "count": 0.3})
+    gone = ClusterState(
+        tuple(n for n in state.nodes if n.id != "n1"),
+        state.instances,
+        state.workers,
+        state.dags,
+        {},
+    )
+    plan = get_strategy("liu", scale_in=False).plan(gone)
+    assert plan.feasible
+    assert all(node != "n1" for _, node in plan.assignment.values())
+    moved = {m.instance for m in plan.moves}
+    assert moved == {i.id for i in state.instances if i.node == "n1"}
+    assert all(m.from_node == "n1" for m in plan.moves)
+    assert any("node n1 is gone" in r for r in plan.reasons)
+    # Workers on the vanished node are dead already, not counted as restarted by the plan.
+    assert not any("@n1" in w for w in plan.affected_workers)
+
+
+def test_liu_separates_a_mixed_worker_it_finds():
+    nodes = (Node("n0", 4.0),)
+    worker = Worker("wc@n0", "wc", "n0", None)
+    insts = (
+        Instance("wc", "split", 0, 0.5, False, "wc@n0", "n0"),
+        Instance("wc", "count", 0, 0.5, True, "wc@n0", "n0"),
+    )
+    plan = get_strategy("liu").plan(ClusterState(nodes, insts, (worker,)))
+    assert plan.mixed_workers == 0
+    assert any("mixes stateful and stateless" in r for r in plan.reasons)

@@ -41,6 +41,14 @@ log = logging.getLogger(__name__)
 # The kernel refuses CFS quotas below 1 ms.
 MIN_QUOTA_US = 1000
 
+# Moving threads into a cgroup makes the whole group one scheduling entity with
+# the default weight of ONE thread: 12 threads in our tree would compete with
+# a single thread outside it. Each directory therefore gets the weight of the
+# threads below it (v1 cpu.shares: 1024 a thread; v2 cpu.weight: 100 a thread),
+# so managing a thread never changes its fair share against the rest of the node.
+V1_SHARES_PER_THREAD, V1_SHARES_MAX = 1024, 262144
+V2_WEIGHT_PER_THREAD, V2_WEIGHT_MAX = 100, 10000
+
 
 class CgroupError(RuntimeError):
     """A cgroup operation that failed for a reason other than a vanished thread."""
@@ -112,6 +120,10 @@ class CgroupTree:
         for kind, value in (("app", key.app), ("worker", worker), ("operator", key.operator)):
             check_name(kind, value)
         return self._inside(self.root / key.app / worker / f"{key.operator}-{key.instance}")
+
+    def _inside_or_root(self, path: Path) -> Path:
+        resolved = path.resolve()
+        return resolved if resolved == self.root.resolve() else self._inside(path)
 
     def _inside(self, path: Path) -> Path:
         resolved = path.resolve()
@@ -194,6 +206,23 @@ class CgroupTree:
             for key, worker, path in self.walk()
         ]
 
+    def weights(self, threads: dict[Path, int]) -> dict[Path, int]:
+        """Thread counts per instance cgroup → thread counts per directory up to the root."""
+        root = self.root.resolve()
+        out: dict[Path, int] = {}
+        for path, n in threads.items():
+            for d in (path, *path.parents):
+                out[d] = out.get(d, 0) + n
+                if d == root:
+                    break
+        return out
+
+    def set_weight(self, path: Path, threads: int) -> None:
+        """Give ``path`` the scheduling weight of ``threads`` threads."""
+
+    def limit_root(self, cap_cores: float) -> None:
+        """Cap the whole tree at ``cap_cores`` (the node's configured capacity)."""
+
 
 class CgroupV1(CgroupTree):
     """cgroup v1 ``cpu`` hierarchy, through cgroupspy's CpuController."""
@@ -246,6 +275,15 @@ class CgroupV1(CgroupTree):
 
     def tids(self, path: Path) -> list[int]:
         return _read_ints(path / "tasks")
+
+    def set_weight(self, path: Path, threads: int) -> None:
+        shares = min(V1_SHARES_MAX, max(2, threads * V1_SHARES_PER_THREAD))
+        _write(self._inside_or_root(path) / "cpu.shares", f"{shares}\n")
+
+    def limit_root(self, cap_cores: float) -> None:
+        self.root.mkdir(exist_ok=True)
+        _write(self.root / "cpu.cfs_period_us", f"{self.period_us}\n")
+        _write(self.root / "cpu.cfs_quota_us", f"{quota_for(cap_cores, self.period_us)}\n")
 
     def throttling(self, path: Path) -> Throttling | None:
         try:
@@ -314,6 +352,15 @@ class CgroupV2(CgroupTree):
     def tids(self, path: Path) -> list[int]:
         return _read_ints(path / "cgroup.threads")
 
+    def set_weight(self, path: Path, threads: int) -> None:
+        weight = min(V2_WEIGHT_MAX, max(1, threads * V2_WEIGHT_PER_THREAD))
+        _write(self._inside_or_root(path) / "cpu.weight", f"{weight}\n")
+
+    def limit_root(self, cap_cores: float) -> None:
+        self._enable_cpu(self.mount.resolve())
+        self.root.mkdir(exist_ok=True)
+        _write(self.root / "cpu.max", f"{quota_for(cap_cores, self.period_us)} {self.period_us}\n")
+
     def throttling(self, path: Path) -> Throttling | None:
         try:
             stat = dict(line.split() for line in (path / "cpu.stat").read_text().splitlines())
@@ -331,7 +378,12 @@ class NoCgroups(CgroupTree):
 
     mode = "none"
 
-    def __init__(self, mount: str | Path = "/nonexistent", root_name: str = "dsched", period_us: int = 100_000):
+    def __init__(
+        self,
+        mount: str | Path = "/nonexistent",
+        root_name: str = "dsched",
+        period_us: int = 100_000,
+    ):
         super().__init__(mount, root_name, period_us)
         self._caps: dict[Path, float | None] = {}
 
@@ -381,9 +433,11 @@ def _is_v2_cpu(mount: Path) -> bool:
 
 def detect_mode(mount: str = "") -> tuple[str, str, str]:
     """(mode, mount, why) for ``auto``: v1 cpu first (as on this fleet), then v2."""
-    candidates = [(m, Path(mount)) for m in ("v1", "v2")] if mount else [
-        (m, Path(DEFAULT_MOUNTS[m])) for m in ("v1", "v2")
-    ]
+    candidates = (
+        [(m, Path(mount)) for m in ("v1", "v2")]
+        if mount
+        else [(m, Path(DEFAULT_MOUNTS[m])) for m in ("v1", "v2")]
+    )
     for mode, path in candidates:
         ok = _is_v1_cpu(path) if mode == "v1" else _is_v2_cpu(path)
         if ok:
@@ -399,7 +453,9 @@ def make_backend(
 ) -> tuple[CgroupTree, str]:
     """The backend for config values; returns (backend, one line saying why)."""
     if dry_run:
-        return NoCgroups(mount or "/nonexistent", root_name, period_us), "dry-run: no cgroup is written"
+        return NoCgroups(
+            mount or "/nonexistent", root_name, period_us
+        ), "dry-run: no cgroup is written"
     if mode == "auto":
         mode, mount, why = detect_mode(mount)
     else:

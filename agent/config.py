@@ -34,12 +34,16 @@ class TlsConfig:
         return bool(self.ca or self.cert or self.key)
 
     def validate(self) -> None:
-        require(bool(self.cert) == bool(self.key), "tls.cert", "cert and key must be given together")
+        require(
+            bool(self.cert) == bool(self.key), "tls.cert", "cert and key must be given together"
+        )
         if self.enabled:
             require(bool(self.ca), "tls.ca", "a CA file is required when TLS is configured")
         for name in ("ca", "cert", "key"):
             value = getattr(self, name)
-            require(not value or Path(value).is_file(), f"tls.{name}", f"file {value} does not exist")
+            require(
+                not value or Path(value).is_file(), f"tls.{name}", f"file {value} does not exist"
+            )
 
 
 @dataclass
@@ -92,6 +96,10 @@ class AgentConfig:
     fallback: str = "hold"
     report_buffer: int = 360
     cpu_period_us: int = 100_000
+    # CPU this node offers to managed instances; 0 means every online CPU. When
+    # set, it is also enforced as the quota of the agent's root cgroup, so the
+    # capacity the controller plans with is the capacity the kernel grants.
+    capacity_cores: float = 0.0
     resctrl_mount: str = "/sys/fs/resctrl"
     proc_root: str = "/proc"
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -110,8 +118,12 @@ class AgentConfig:
             check_name("cgroup_root", self.cgroup_root)
         except InvalidName as exc:
             raise ConfigError("cgroup_root", str(exc)) from None
-        require(self.cgroup_mode in CGROUP_MODES, "cgroup_mode", f"one of {', '.join(CGROUP_MODES)}")
-        require(self.fallback in FALLBACK_POLICIES, "fallback", f"one of {', '.join(FALLBACK_POLICIES)}")
+        require(
+            self.cgroup_mode in CGROUP_MODES, "cgroup_mode", f"one of {', '.join(CGROUP_MODES)}"
+        )
+        require(
+            self.fallback in FALLBACK_POLICIES, "fallback", f"one of {', '.join(FALLBACK_POLICIES)}"
+        )
         require(bool(self.socket), "socket", "must not be empty")
         require(self.slot_seconds > 0, "slot_seconds", "must be > 0")
         require(self.sample_seconds > 0, "sample_seconds", "must be > 0")
@@ -123,8 +135,11 @@ class AgentConfig:
         require(self.lease_epochs >= 1, "lease_epochs", "must be >= 1")
         require(self.report_buffer >= 1, "report_buffer", "must be >= 1")
         # The kernel accepts CFS periods from 1 ms to 1 s.
-        require(1000 <= self.cpu_period_us <= 1_000_000, "cpu_period_us", "must be in [1000, 1000000]")
+        require(
+            1000 <= self.cpu_period_us <= 1_000_000, "cpu_period_us", "must be in [1000, 1000000]"
+        )
         require(self.discovery_seconds > 0, "discovery_seconds", "must be > 0")
+        require(self.capacity_cores >= 0, "capacity_cores", "must be >= 0 (0 = all CPUs)")
         self.tls.validate()
         require(
             self.tls.enabled or is_loopback(host) or self.allow_plaintext_remote,

@@ -70,7 +70,11 @@ def run(config: AgentConfig, stop: threading.Event) -> int:
     discovery = RuleDiscovery(agent, config.discovery, config.proc_root)
     log.info(
         "agent %s up: socket %s, metrics port %d, controller %s, mode %s",
-        config.node_id, config.socket, port, config.controller, agent.backend.mode,
+        config.node_id,
+        config.socket,
+        port,
+        config.controller,
+        agent.backend.mode,
     )
     next_slot = time.monotonic() + config.slot_seconds
     next_discovery = time.monotonic()

@@ -142,7 +142,13 @@ class RuleDiscovery:
                 for m in match_threads(rule, pid, threads):
                     try:
                         self.agent.register(
-                            m.app, m.operator, m.instance, m.worker, m.stateful, m.pid, m.tid,
+                            m.app,
+                            m.operator,
+                            m.instance,
+                            m.worker,
+                            m.stateful,
+                            m.pid,
+                            m.tid,
                             source="rule",
                         )
                         registered.append(m)

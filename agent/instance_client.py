@@ -62,16 +62,34 @@ class AgentClient:
     # ---------------------------------------------------------------- API
 
     def register(
-        self, app: str, operator: str, instance: int, worker: str, stateful: bool, tid: int | None = None
+        self,
+        app: str,
+        operator: str,
+        instance: int,
+        worker: str,
+        stateful: bool,
+        tid: int | None = None,
+        upstream: tuple[str, ...] | list[str] = (),
     ) -> None:
+        """Register a thread of an instance. ``upstream`` names the operators that
+        feed this one, so the controller learns the application's DAG."""
         key = _key(app, operator, instance)
+        for name in upstream:
+            check_name("upstream", name)
         check_name("worker", worker)
         if not isinstance(stateful, bool):
             raise ValueError(f"stateful must be a bool, got {stateful!r}")
         tid = threading.get_native_id() if tid is None else tid
         msg = {
-            "op": "register", "app": app, "operator": operator, "instance": instance,
-            "worker": worker, "stateful": stateful, "pid": os.getpid(), "tid": tid,
+            "op": "register",
+            "app": app,
+            "operator": operator,
+            "instance": instance,
+            "worker": worker,
+            "stateful": stateful,
+            "pid": os.getpid(),
+            "tid": tid,
+            "upstream": list(upstream),
         }
         with self._lock:
             self._registrations[(key, tid)] = msg
@@ -94,10 +112,17 @@ class AgentClient:
     ) -> None:
         key = (app, operator, instance)
         msg = {
-            "op": "update", "app": app, "operator": operator, "instance": instance,
-            "received": received, "executed": executed, "emitted": emitted,
-            "queue_length": queue_length, "latency_sum_seconds": latency_sum_seconds,
-            "latency_count": latency_count, "service_seconds": service_seconds,
+            "op": "update",
+            "app": app,
+            "operator": operator,
+            "instance": instance,
+            "received": received,
+            "executed": executed,
+            "emitted": emitted,
+            "queue_length": queue_length,
+            "latency_sum_seconds": latency_sum_seconds,
+            "latency_count": latency_count,
+            "service_seconds": service_seconds,
         }
         with self._lock:
             self._updates[key] = msg
@@ -108,7 +133,9 @@ class AgentClient:
             for reg in [r for r in self._registrations if r[0] == key]:
                 del self._registrations[reg]
             self._updates.pop(key, None)
-            self._ops.append({"op": "unregister", "app": app, "operator": operator, "instance": instance})
+            self._ops.append(
+                {"op": "unregister", "app": app, "operator": operator, "instance": instance}
+            )
         self._wake.set()
 
     def flush(self, timeout: float = 5.0) -> bool:

@@ -14,7 +14,9 @@ class AgentMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.threads_managed = Gauge(
-            "dsched_agent_threads_managed", "OS threads the agent knows as instance threads", registry=r
+            "dsched_agent_threads_managed",
+            "OS threads the agent knows as instance threads",
+            registry=r,
         )
         self.instances_managed = Gauge(
             "dsched_agent_instances_managed", "Operator instances the agent knows", registry=r
@@ -43,7 +45,8 @@ class AgentMetrics:
             registry=r,
         )
         self.cgroups_removed = Counter(
-            "dsched_agent_cgroups_removed", "Instance cgroups removed because their threads were gone",
+            "dsched_agent_cgroups_removed",
+            "Instance cgroups removed because their threads were gone",
             registry=r,
         )
         self.rejected_directives = Counter(

@@ -25,14 +25,14 @@ from agent import __version__
 from agent.cgroups import CgroupError, CgroupTree, ThreadGone, make_backend
 from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
-from agent.registry import InstanceKey, InstanceRecord, Registry, RegistrationError, make_key
+from agent.registry import InstanceKey, InstanceRecord, RegistrationError, Registry, make_key
 from agent.sampling import (
     NetlinkInterfaces,
     NodeCpu,
     Resctrl,
+    ThreadCpuReader,
     read_pressure,
     thread_alive,
-    thread_cpu_seconds,
     thread_group,
 )
 from dsched.names import InvalidName
@@ -70,15 +70,31 @@ class NodeAgent:
         self.metrics = metrics or AgentMetrics()
         if backend is None:
             backend, why = make_backend(
-                config.cgroup_mode, config.cgroup_mount, config.cgroup_root,
-                config.cpu_period_us, config.dry_run,
+                config.cgroup_mode,
+                config.cgroup_mount,
+                config.cgroup_root,
+                config.cpu_period_us,
+                config.dry_run,
             )
             log.info("enforcement: %s", why)
         self.backend = backend
         self.registry = Registry()
         self.node_cpu = NodeCpu()
         self.capacity_cores = self.node_cpu.capacity_cores
+        if config.capacity_cores > 0:
+            if config.capacity_cores > self.capacity_cores:
+                log.warning(
+                    "capacity_cores %.2f exceeds the node's %.0f CPUs; using %.0f",
+                    config.capacity_cores, self.capacity_cores, self.capacity_cores,
+                )
+            self.capacity_cores = min(config.capacity_cores, self.capacity_cores)
+            try:
+                self.backend.limit_root(self.capacity_cores)
+            except (OSError, CgroupError) as exc:
+                log.error("cannot cap the cgroup root at %.2f cores: %s", self.capacity_cores, exc)
+        self._weights_written: dict[Path, int] = {}
         self.net = NetlinkInterfaces()
+        self.thread_cpu = ThreadCpuReader(config.proc_root)
         self.resctrl = Resctrl(config.resctrl_mount, writable=not config.dry_run)
         self._lock = threading.RLock()
         self.caps: dict[InstanceKey, float] = {}
@@ -87,6 +103,7 @@ class NodeAgent:
         self._cpu: dict[InstanceKey, InstanceCpu] = {}
         self._orphans: set[Path] = set()
         self._cap_labels: dict[InstanceKey, tuple[str, str, str, str]] = {}
+        self._usage_gauges: dict[InstanceKey, Any] = {}
         self.last_applied_epoch: int | None = None
         self.last_contact = time.monotonic()
         self.fallback_applied = False
@@ -125,16 +142,28 @@ class NodeAgent:
         log.warning("refused instance message (%s): %s", exc.reason, exc)
 
     def register(
-        self, app: Any, operator: Any, instance: Any, worker: Any, stateful: Any, pid: Any, tid: Any,
+        self,
+        app: Any,
+        operator: Any,
+        instance: Any,
+        worker: Any,
+        stateful: Any,
+        pid: Any,
+        tid: Any,
         source: str = "registration",
+        upstream: Any = (),
     ) -> InstanceRecord:
         try:
             key = make_key(app, operator, instance)
-            if not isinstance(pid, int) or not isinstance(tid, int) or not thread_alive(
-                self.config.proc_root, pid, tid
+            if (
+                not isinstance(pid, int)
+                or not isinstance(tid, int)
+                or not thread_alive(self.config.proc_root, pid, tid)
             ):
-                raise RegistrationError("no_such_thread", f"thread {tid} of process {pid} does not exist")
-            rec = self.registry.register(key, worker, stateful, pid, tid, source)
+                raise RegistrationError(
+                    "no_such_thread", f"thread {tid} of process {pid} does not exist"
+                )
+            rec = self.registry.register(key, worker, stateful, pid, tid, source, upstream)
         except RegistrationError as exc:
             self._reject(exc)
             raise
@@ -164,6 +193,7 @@ class NodeAgent:
             self._attached.pop(key, None)
             self._cpu.pop(key, None)
             self._cap_labels.pop(key, None)
+            self._usage_gauges.pop(key, None)
         if path is not None:
             if release:
                 self._write_cap(path, None)
@@ -240,7 +270,8 @@ class NodeAgent:
                 self.metrics.rejected_directives.labels("stale_epoch").inc()
                 log.warning(
                     "ignored directive of epoch %d: epoch %d was already applied",
-                    directive.epoch, self.last_applied_epoch,
+                    directive.epoch,
+                    self.last_applied_epoch,
                 )
                 return ack
             for entry in directive.caps:
@@ -251,11 +282,31 @@ class NodeAgent:
                     self.metrics.rejected_directives.labels(reason).inc()
                     ack.rejected.append(pb.Rejection(key=entry.key, reason=reason))
                     log.warning(
-                        "refused cap %r for %s/%s/%d: %s", entry.cap_cores, entry.key.app,
-                        entry.key.operator, entry.key.instance, reason,
+                        "refused cap %r for %s/%s/%d: %s",
+                        entry.cap_cores,
+                        entry.key.app,
+                        entry.key.operator,
+                        entry.key.instance,
+                        reason,
                     )
             self.last_applied_epoch = directive.epoch
+            self._rebalance_weights()
         return ack
+
+    def _rebalance_weights(self) -> None:
+        """Keep each cgroup's scheduling weight equal to the threads inside it."""
+        threads = {path: len(self._attached.get(key, ())) for key, path in self.cgroups.items()}
+        wanted = self.backend.weights(threads)
+        for path, n in sorted(wanted.items(), key=lambda kv: len(kv[0].parts)):
+            if self._weights_written.get(path) == n:
+                continue
+            try:
+                self.backend.set_weight(path, n)
+                self._weights_written[path] = n
+            except (OSError, CgroupError, InvalidName) as exc:
+                log.debug("weight of %s not set: %s", path, exc)
+        for gone in set(self._weights_written) - set(wanted):
+            del self._weights_written[gone]
 
     def _apply_entry(self, entry: pb.InstanceCap) -> str | None:
         try:
@@ -292,7 +343,8 @@ class NodeAgent:
                     # instead of refusing every directive from now on.
                     log.warning(
                         "controller restarted at epoch %d below our last applied %d; following it",
-                        welcome.epoch, self.last_applied_epoch,
+                        welcome.epoch,
+                        self.last_applied_epoch,
                     )
                     self.last_applied_epoch = welcome.epoch
 
@@ -307,7 +359,10 @@ class NodeAgent:
             policy = self.config.fallback
             log.warning(
                 "no word from the controller for %.0f s (%d slots): fallback '%s' (%d caps)",
-                now - self.last_contact, self.config.lease_epochs, policy, len(self.caps),
+                now - self.last_contact,
+                self.config.lease_epochs,
+                policy,
+                len(self.caps),
             )
             self.metrics.fallbacks.labels(policy).inc()
             if policy == "release":
@@ -329,13 +384,12 @@ class NodeAgent:
         started = time.monotonic()
         dt = started - self._last_sample
         self._last_sample = started
-        proc = self.config.proc_root
         gone: list[InstanceKey] = []
         for rec in self.registry.snapshot():
             cpu = self._cpu.setdefault(rec.key, InstanceCpu())
             live: set[int] = set()
             for tid in rec.tids:
-                seconds = thread_cpu_seconds(proc, rec.pid, tid)
+                seconds = self.thread_cpu.read(rec.pid, tid)
                 if seconds is None:
                     cpu.exited_seconds += cpu.per_tid.pop(tid, 0.0)
                     continue
@@ -358,7 +412,12 @@ class NodeAgent:
                 if path is not None and rec.key in self.caps:
                     self._attached[rec.key] = self._attached.get(rec.key, set()) & live
                     self._attach(rec, path)
-            self.metrics.instance_cpu_usage.labels(*self._labels(rec)).set(cpu.usage_cores)
+            gauge = self._usage_gauges.get(rec.key)
+            if gauge is None:
+                gauge = self._usage_gauges[rec.key] = self.metrics.instance_cpu_usage.labels(
+                    *self._labels(rec)
+                )
+            gauge.set(cpu.usage_cores)
         for key in gone:
             log.info("threads of %s are gone; forgetting it", key)
             self._forget(key, release=False)
@@ -389,7 +448,9 @@ class NodeAgent:
             for key, cap in sorted(self.caps.items()):
                 current.append(
                     pb.InstanceCap(
-                        key=pb.InstanceKey(app=key.app, operator=key.operator, instance=key.instance),
+                        key=pb.InstanceKey(
+                            app=key.app, operator=key.operator, instance=key.instance
+                        ),
                         cap_cores=cap,
                     )
                 )
@@ -423,11 +484,17 @@ class NodeAgent:
             total = cpu.total
             # An instance first seen mid-slot is measured from its first sample.
             span = min(elapsed, now - cpu.slot_started) if cpu.slot_started else elapsed
-            usage = max(0.0, (total - cpu.at_slot_start) / span) if cpu.at_last_sample and span > 0 else 0.0
+            usage = (
+                max(0.0, (total - cpu.at_slot_start) / span)
+                if cpu.at_last_sample and span > 0
+                else 0.0
+            )
             cpu.at_slot_start, cpu.slot_started = total, now
             c = rec.counters
             sample = pb.InstanceSample(
-                key=pb.InstanceKey(app=rec.key.app, operator=rec.key.operator, instance=rec.key.instance),
+                key=pb.InstanceKey(
+                    app=rec.key.app, operator=rec.key.operator, instance=rec.key.instance
+                ),
                 worker=rec.worker,
                 stateful=rec.stateful,
                 tids=sorted(rec.tids),
@@ -441,6 +508,7 @@ class NodeAgent:
                 latency_sum_seconds_total=c.latency_sum_seconds,
                 latency_count_total=c.latency_count,
                 service_seconds_total=c.service_seconds,
+                upstream=list(rec.upstream),
             )
             with self._lock:
                 cap = self.caps.get(rec.key)
@@ -469,13 +537,17 @@ class NodeAgent:
         if pressure is not None:
             node.cpu_pressure.CopyFrom(
                 pb.Pressure(
-                    some_avg10=pressure.some_avg10, some_avg60=pressure.some_avg60,
-                    full_avg10=pressure.full_avg10, full_avg60=pressure.full_avg60,
+                    some_avg10=pressure.some_avg10,
+                    some_avg60=pressure.some_avg60,
+                    full_avg10=pressure.full_avg10,
+                    full_avg60=pressure.full_avg60,
                 )
             )
         for iface in self.net.read() or []:
             node.interfaces.append(
-                pb.InterfaceBytes(name=iface.name, rx_bytes_total=iface.rx_bytes, tx_bytes_total=iface.tx_bytes)
+                pb.InterfaceBytes(
+                    name=iface.name, rx_bytes_total=iface.rx_bytes, tx_bytes_total=iface.tx_bytes
+                )
             )
         if self.resctrl.available:
             for app in apps:
@@ -492,3 +564,4 @@ class NodeAgent:
 
     def close(self) -> None:
         self.net.close()
+        self.thread_cpu.close()

@@ -10,6 +10,7 @@ already known is lost.
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 import time
@@ -68,6 +69,7 @@ class InstanceRecord:
     tids: set[int]
     source: str  # "registration", "rule" or "adopted"
     counters: Counters = field(default_factory=Counters)
+    upstream: tuple[str, ...] = ()  # the operators feeding this one (the app's DAG)
     registered_at: float = field(default_factory=time.time)
 
 
@@ -115,6 +117,13 @@ def check_counters(values: dict[str, Any], previous: Counters) -> Counters:
     return Counters(**out)
 
 
+def _copy(rec: InstanceRecord) -> InstanceRecord:
+    # copy.copy is several times cheaper than dataclasses.replace on the sampling path.
+    out = copy.copy(rec)
+    out.tids = set(rec.tids)
+    return out
+
+
 class Registry:
     """Thread-safe map InstanceKey -> InstanceRecord."""
 
@@ -130,13 +139,19 @@ class Registry:
         pid: Any,
         tid: Any,
         source: str = "registration",
+        upstream: Any = (),
     ) -> InstanceRecord:
+        if not isinstance(upstream, list | tuple):
+            raise RegistrationError("bad_field", "upstream must be a list of operator names")
         try:
             check_name("worker", worker)
+            upstream = tuple(check_name("upstream", u) for u in upstream)
         except InvalidName as exc:
             raise RegistrationError("bad_name", str(exc)) from None
         if not isinstance(stateful, bool):
-            raise RegistrationError("bad_field", f"stateful must be true or false, got {stateful!r}")
+            raise RegistrationError(
+                "bad_field", f"stateful must be true or false, got {stateful!r}"
+            )
         pid = _positive_int("pid", pid)
         tid = _positive_int("tid", tid)
         with self._lock:
@@ -145,10 +160,11 @@ class Registry:
                 # One instance may run on several threads: each registers its own TID.
                 rec.tids.add(tid)
                 rec.stateful = stateful
+                rec.upstream = upstream or rec.upstream
                 if rec.source == "adopted":
                     rec.source = source
                 return replace(rec, tids=set(rec.tids))
-            rec = InstanceRecord(key, worker, stateful, pid, {tid}, source)
+            rec = InstanceRecord(key, worker, stateful, pid, {tid}, source, upstream=upstream)
             self._records[key] = rec
             return replace(rec, tids=set(rec.tids))
 
@@ -156,7 +172,9 @@ class Registry:
         with self._lock:
             rec = self._records.get(key)
             if rec is None:
-                raise RegistrationError("unknown_instance", f"update for unregistered instance {key}")
+                raise RegistrationError(
+                    "unknown_instance", f"update for unregistered instance {key}"
+                )
             rec.counters = check_counters(values, rec.counters)
             return rec.counters
 
@@ -177,7 +195,7 @@ class Registry:
 
     def snapshot(self) -> list[InstanceRecord]:
         with self._lock:
-            return [replace(r, tids=set(r.tids)) for r in self._records.values()]
+            return [_copy(r) for r in self._records.values()]
 
     def __len__(self) -> int:
         with self._lock:

@@ -32,8 +32,13 @@ log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 64 * 1024
 COUNTER_KEYS = (
-    "received", "executed", "emitted", "queue_length",
-    "latency_sum_seconds", "latency_count", "service_seconds",
+    "received",
+    "executed",
+    "emitted",
+    "queue_length",
+    "latency_sum_seconds",
+    "latency_count",
+    "service_seconds",
 )
 
 
@@ -57,7 +62,10 @@ def handle_message(agent: NodeAgent, msg: Any, peer_pid: int, peer_uid: int) -> 
                 raise RegistrationError(
                     "pid_mismatch", f"process {peer_pid} may not register threads of process {pid}"
                 )
-            agent.register(*ident, msg.get("worker"), msg.get("stateful"), pid, msg.get("tid"))
+            agent.register(
+                *ident, msg.get("worker"), msg.get("stateful"), pid, msg.get("tid"),
+                upstream=msg.get("upstream", ()),
+            )
         elif op == "update":
             agent.update(*ident, {k: msg.get(k) for k in COUNTER_KEYS if k in msg})
         elif op == "unregister":
@@ -129,7 +137,10 @@ class RegistrationServer(socketserver.ThreadingMixIn, socketserver.UnixStreamSer
 
     def start(self) -> None:
         self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.2}, name="registration", daemon=True
+            target=self.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="registration",
+            daemon=True,
         )
         self._thread.start()
 

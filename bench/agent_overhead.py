@@ -81,9 +81,21 @@ def run(args: argparse.Namespace) -> int:
     sock = tmp / "agent.sock"
     metrics_port = _free_port()
     cmd = [
-        sys.executable, "-m", "agent.daemon", "--socket", str(sock),
-        "--metrics", f"127.0.0.1:{metrics_port}", "--controller", f"127.0.0.1:{_free_port()}",
-        "--slot-seconds", "10", "--cgroup-root", f"dsched-bench-{os.getpid()}", "--log-level", "WARNING",
+        sys.executable,
+        "-m",
+        "agent.daemon",
+        "--socket",
+        str(sock),
+        "--metrics",
+        f"127.0.0.1:{metrics_port}",
+        "--controller",
+        f"127.0.0.1:{_free_port()}",
+        "--slot-seconds",
+        "10",
+        "--cgroup-root",
+        f"dsched-bench-{os.getpid()}",
+        "--log-level",
+        "WARNING",
     ]
     if not args.enforce:
         cmd.append("--dry-run")
@@ -93,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + 30
         while not sock.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        registrar = subprocess.Popen([sys.executable, "-c", REGISTRAR, str(sock), str(args.threads)])
+        registrar = subprocess.Popen(
+            [sys.executable, "-c", REGISTRAR, str(sock), str(args.threads)]
+        )
         deadline = time.monotonic() + 60
         while (_metric(metrics_port, "dsched_agent_threads_managed") or 0) < args.threads:
             if time.monotonic() > deadline:
@@ -132,6 +146,17 @@ def run(args: argparse.Namespace) -> int:
         "meets_rss_target": rss_max < 100 * 1024 * 1024,
     }
     write_result(args.json, "agent-overhead", figures)
-    print(json.dumps({k: figures[k] for k in ("agent_cpu_fraction_of_one_core", "agent_rss_bytes_max",
-                                               "threads_managed", "mean_sample_pass_seconds")}))
+    print(
+        json.dumps(
+            {
+                k: figures[k]
+                for k in (
+                    "agent_cpu_fraction_of_one_core",
+                    "agent_rss_bytes_max",
+                    "threads_managed",
+                    "mean_sample_pass_seconds",
+                )
+            }
+        )
+    )
     return 0

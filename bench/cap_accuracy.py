@@ -87,7 +87,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         for i, cap in enumerate(caps):
             usage = measure(agent, cap, args.seconds, i)
-            rows.append({"cap_cores": cap, "usage_cores": round(usage, 4), "error_cores": round(usage - cap, 4)})
+            rows.append(
+                {
+                    "cap_cores": cap,
+                    "usage_cores": round(usage, 4),
+                    "error_cores": round(usage - cap, 4),
+                }
+            )
             print(f"cap {cap:.2f} cores -> measured {usage:.3f} (error {usage - cap:+.3f})")
     finally:
         agent.backend.remove_root()

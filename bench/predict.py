@@ -39,10 +39,16 @@ SCVS = (0.25, 1.0, 2.0)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the result JSON here")
-    parser.add_argument("--png", type=Path, default=None, help="figure path (default: JSON path with .png)")
-    parser.add_argument("--customers", type=int, default=200_000, help="simulated customers per queueing cell")
+    parser.add_argument(
+        "--png", type=Path, default=None, help="figure path (default: JSON path with .png)"
+    )
+    parser.add_argument(
+        "--customers", type=int, default=500_000, help="simulated customers per queueing cell"
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of traces and simulations")
-    parser.add_argument("--quick", action="store_true", help="small grid and short traces (smoke run)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small grid and short traces (smoke run)"
+    )
 
 
 # ------------------------------------------------------------------------ load traces
@@ -73,8 +79,12 @@ def load_traces(seed: int, quick: bool = False) -> dict[str, np.ndarray]:
         poisson.append(start + traces.poisson_arrivals(rate, length, seed=seed * 1000 + k))
         scale, shape = rng.uniform(1.1, 4.0) * 0.1, rng.uniform(2.0, 6.0)  # scale in 100 ms
         weibull.append(start + traces.weibull_arrivals(scale, shape, length, seed=seed * 2000 + k))
-    out["poisson"] = traces.counts_per_slot(np.concatenate(poisson), SLOT_SECONDS, duration) / SLOT_SECONDS
-    out["weibull"] = traces.counts_per_slot(np.concatenate(weibull), SLOT_SECONDS, duration) / SLOT_SECONDS
+    out["poisson"] = (
+        traces.counts_per_slot(np.concatenate(poisson), SLOT_SECONDS, duration) / SLOT_SECONDS
+    )
+    out["weibull"] = (
+        traces.counts_per_slot(np.concatenate(weibull), SLOT_SECONDS, duration) / SLOT_SECONDS
+    )
     return out
 
 
@@ -89,7 +99,9 @@ def one_step_errors(series: np.ndarray, warmup: int = 30) -> dict[str, dict[str,
         fallbacks += predictors["arima"].last.fallback_reason is not None
         for name, value in step.items():
             preds[name].append(value)
-        preds["max_rule"].append(combine({"linear_trend": step["linear_trend"], "arima": step["arima"]}).value)
+        preds["max_rule"].append(
+            combine({"linear_trend": step["linear_trend"], "arima": step["arima"]}).value
+        )
     actual = series[warmup:]
     nonzero = actual > 0
     result = {}
@@ -166,7 +178,9 @@ def queueing_table(customers: int, seed: int, quick: bool = False) -> list[dict[
 
 def queueing_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def median_abs(select) -> float | None:
-        errs = [abs(r["relative_error"]) for r in rows if r["relative_error"] is not None and select(r)]
+        errs = [
+            abs(r["relative_error"]) for r in rows if r["relative_error"] is not None and select(r)
+        ]
         return float(statistics.median(errs)) if errs else None
 
     low_var = lambda r: r["ca2"] <= 1 and r["cs2"] <= 1  # noqa: E731
@@ -180,7 +194,8 @@ def queueing_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for u in sorted({r["utilization"] for r in rows})
         },
         "by_servers": {
-            str(m): median_abs(lambda r, m=m: r["servers"] == m) for m in sorted({r["servers"] for r in rows})
+            str(m): median_abs(lambda r, m=m: r["servers"] == m)
+            for m in sorted({r["servers"] for r in rows})
         },
         "by_scv": {
             f"ca2={a},cs2={s}": median_abs(lambda r, a=a, s=s: r["ca2"] == a and r["cs2"] == s)
@@ -210,8 +225,12 @@ def _median_time(fn, repeats: int) -> float:
 def timing(seed: int, quick: bool = False) -> dict[str, float]:
     series = traces.diurnal(600, base=40.0, peak=400.0, bursts=6, seed=seed)
     fit_points = series[:300]
-    arima_fit = _median_time(lambda: Arima(refit_every=10**9).predict(fit_points), 1 if quick else 3)
-    fixed_fit = _median_time(lambda: Arima(order=(1, 0, 1), refit_every=10**9).predict(fit_points), 1 if quick else 3)
+    arima_fit = _median_time(
+        lambda: Arima(refit_every=10**9).predict(fit_points), 1 if quick else 3
+    )
+    fixed_fit = _median_time(
+        lambda: Arima(order=(1, 0, 1), refit_every=10**9).predict(fit_points), 1 if quick else 3
+    )
 
     # One object per series, as the controller holds it: fit once, then time updates.
     model = Arima(refit_every=10**9, error_growth=1e9)
@@ -239,7 +258,9 @@ def timing(seed: int, quick: bool = False) -> dict[str, float]:
         "arima_fit_seconds": arima_fit,
         "arima_fit_fixed_order_seconds": fixed_fit,
         "linear_trend_forecast_seconds": _median_time(lambda: lt.forecast(series[:300]), 200),
-        "min_service_rate_seconds": _median_time(lambda: min_service_rate(0.1, 25.0, 4, 1.0, 1.0), 500),
+        "min_service_rate_seconds": _median_time(
+            lambda: min_service_rate(0.1, 25.0, 4, 1.0, 1.0), 500
+        ),
         "min_service_rate_many_5000_seconds": _median_time(
             lambda: min_service_rate_many(0.1, lam, 4, 1.0, 1.0), 20
         ),
@@ -319,6 +340,9 @@ def _print_table(figures: dict[str, Any]) -> None:
         for name, m in preds.items():
             print(f"{trace:<14}{name:<14}{100 * m['mape']:>7.1f}%{m['rmse']:>10.2f}")
     s = figures["queueing_summary"]
-    print("Allen-Cunneen median |rel err|, util 0.5-0.95, Ca2,Cs2<=1:", s["median_abs_relative_error_util_0.5_0.95_scv_le_1"])
+    print(
+        "Allen-Cunneen median |rel err|, util 0.5-0.95, Ca2,Cs2<=1:",
+        s["median_abs_relative_error_util_0.5_0.95_scv_le_1"],
+    )
     for k, val in figures["timing"].items():
         print(f"{k}: {val}")

@@ -10,8 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
+from dsched.names import InvalidName, check_name
 
 MODES = ("dry-run", "enforce")
+ALLOCATOR_NAMES = ("demand", "qos-dp")
+# How the DP values CPU given to an application (docs/controller.md).
+DP_VALUES = ("covered", "latency")
 
 
 @dataclass
@@ -34,6 +38,56 @@ class TlsConfig:
 
 
 @dataclass
+class QosClassConfig:
+    """One QoS class: mean latency target, tolerated violation ratio, importance."""
+
+    target_latency_ms: float = 1000.0
+    max_violation_ratio: float = 0.1
+    weight: float = 1.0
+
+    def validate(self) -> None:
+        require(self.target_latency_ms > 0, "target_latency_ms", "must be > 0")
+        require(
+            0 < self.max_violation_ratio < 1, "max_violation_ratio", "must be between 0 and 1 (exclusive)"
+        )
+        require(self.weight > 0, "weight", "must be > 0")
+
+
+def default_qos_classes() -> dict[str, QosClassConfig]:
+    return {
+        "gold": QosClassConfig(target_latency_ms=100.0, max_violation_ratio=0.01, weight=8.0),
+        "silver": QosClassConfig(target_latency_ms=500.0, max_violation_ratio=0.10, weight=3.0),
+        "bronze": QosClassConfig(target_latency_ms=2000.0, max_violation_ratio=0.50, weight=1.0),
+    }
+
+
+@dataclass
+class QosConfig:
+    """``[qos]``: the classes (``[qos.classes.<name>]``, replacing the defaults when
+    given) and the class of applications nobody assigned."""
+
+    default_class: str = "bronze"
+    classes: dict[str, QosClassConfig] = field(default_factory=default_qos_classes)
+
+    def validate(self) -> None:
+        require(bool(self.classes), "classes", "at least one class is needed")
+        for name, cls in self.classes.items():
+            try:
+                check_name("class", name)
+            except InvalidName as exc:
+                raise ConfigError(f"classes.{name}", str(exc)) from None
+            try:
+                cls.validate()
+            except ConfigError as exc:
+                raise ConfigError(f"classes.{name}.{exc.key}", str(exc).split(": ", 1)[1]) from None
+        require(
+            self.default_class in self.classes,
+            "default_class",
+            f"{self.default_class!r} is not a class (known: {', '.join(sorted(self.classes))})",
+        )
+
+
+@dataclass
 class ControllerConfig:
     listen: str = "127.0.0.1:7700"
     metrics: str = "127.0.0.1:9708"
@@ -52,9 +106,31 @@ class ControllerConfig:
     min_cap_cores: float = 0.05
     # A queue built during a burst is drained within this many slots.
     backlog_drain_slots: float = 1.0
-    # Strategy names (one interface per decision).
-    allocator: str = "demand"
-    placement: str = "none"
+    # Strategy names (one interface per decision): `qos-dp` divides CPU by QoS
+    # class with the dynamic program, `demand` grants demand and scales nodes down.
+    allocator: str = "qos-dp"
+    # A name from controller.placement.STRATEGIES, or `none` (never plan moves).
+    placement: str = "liu"
+    qos: QosConfig = field(default_factory=QosConfig)
+    # Squared coefficients of variation of inter-arrival and service times used by
+    # the Allen–Cunneen latency model (1.0 = Poisson-like).
+    arrival_scv: float = 1.0
+    service_scv: float = 1.0
+    # What the DP maximises: `covered` demand weighted by class, or `latency`
+    # (weighted fraction of tuples predicted to meet the target).
+    dp_value: str = "covered"
+    # DP granularity: cores per unit is the larger of theta_cores and
+    # cluster capacity / dp_max_units, so the DP's size stays bounded.
+    dp_max_units: int = 4000
+    # Value (class weight x cores) a node must earn to be worth running: a node
+    # is recommended only when the gain beats this cost.
+    node_cost: float = 4.0
+    # Cap what dsched may hand out on a node, overriding the capacity the agent
+    # reports (node id -> cores), e.g. to leave the rest to other tenants.
+    node_capacity_cores: dict[str, float] = field(default_factory=dict)
+    # Load prediction for sources also tries ARIMA on this many past epochs.
+    arima: bool = True
+    arima_history: int = 300
     # An instance that has not reported for this many slots is forgotten.
     forget_after_slots: int = 6
     allow_plaintext_remote: bool = False
@@ -71,6 +147,33 @@ class ControllerConfig:
         require(self.min_cap_cores > 0, "min_cap_cores", "must be positive")
         require(self.backlog_drain_slots > 0, "backlog_drain_slots", "must be positive")
         require(self.forget_after_slots >= 1, "forget_after_slots", "must be >= 1")
+        require(
+            self.allocator in ALLOCATOR_NAMES,
+            "allocator",
+            f"unknown allocator {self.allocator!r} (known: {', '.join(ALLOCATOR_NAMES)})",
+        )
+        from controller.placement import STRATEGIES
+
+        placements = ("none", *sorted(STRATEGIES))
+        require(
+            self.placement in placements,
+            "placement",
+            f"unknown placement {self.placement!r} (known: {', '.join(placements)})",
+        )
+        require(self.arrival_scv >= 0, "arrival_scv", "must be >= 0")
+        require(self.service_scv >= 0, "service_scv", "must be >= 0")
+        require(self.dp_value in DP_VALUES, "dp_value", f"must be one of {', '.join(DP_VALUES)}")
+        require(self.dp_max_units >= 10, "dp_max_units", "must be >= 10")
+        require(self.node_cost >= 0, "node_cost", "must be >= 0")
+        for node, cores in self.node_capacity_cores.items():
+            require(cores > 0, f"node_capacity_cores.{node}", "must be > 0")
+        require(self.arima_history >= 20, "arima_history", "must be >= 20")
+        try:
+            self.qos.validate()
+        except ConfigError as exc:
+            if not exc.key.startswith("qos."):
+                raise ConfigError(f"qos.{exc.key}", str(exc).split(": ", 1)[1]) from None
+            raise
         host, _ = parse_hostport("listen", self.listen)
         if not (is_loopback(host) or self.tls.enabled or self.allow_plaintext_remote):
             raise ConfigError(

@@ -15,10 +15,19 @@ from typing import Any
 
 from controller import pipeline
 from controller.actuators import AgentActuator, AgentSessions, LogOnlyActuator
+from controller.allocation import QosDpAllocator, violation_ratio
 from controller.config import ControllerConfig
+from controller.demand import (
+    WithLatencyTarget,
+    app_latency_models,
+    estimate_latency_seconds,
+    latency_budgets,
+)
+from controller.explain import build_record
 from controller.hysteresis import HysteresisState
 from controller.metrics import ControllerMetrics
-from controller.model import InstanceKey
+from controller.model import InstanceKey, OperatorKey
+from controller.qos import QosRegistry
 from controller.state import ClusterState
 from controller.store import StateStore
 from dsched import __version__
@@ -30,16 +39,33 @@ MODE_TO_PB = {"dry-run": pb.DRY_RUN, "enforce": pb.ENFORCE}
 PB_TO_MODE = {v: k for k, v in MODE_TO_PB.items()}
 
 
-def build_estimator(config: ControllerConfig) -> pipeline.DemandEstimator:
+def build_estimator(
+    config: ControllerConfig, budgets: dict[OperatorKey, float] | None = None
+) -> pipeline.DemandEstimator:
+    """Rate demand, raised to meet latency budgets (when given), plus backlog drain,
+    never below the minimum cap."""
+    inner: pipeline.DemandEstimator = pipeline.RateDemand()
+    if budgets is not None:
+        inner = WithLatencyTarget(inner, budgets, config.arrival_scv, config.service_scv)
     return pipeline.WithFloor(
         pipeline.WithBacklogDrain(
-            pipeline.RateDemand(), drain_seconds=config.backlog_drain_slots * config.slot_seconds
+            inner, drain_seconds=config.backlog_drain_slots * config.slot_seconds
         ),
         floor_cores=config.min_cap_cores,
     )
 
 
-ALLOCATORS = {"demand": lambda cfg: pipeline.DemandAllocator(headroom_cores=cfg.headroom_cores)}
+ALLOCATORS = {
+    "demand": lambda cfg: pipeline.DemandAllocator(headroom_cores=cfg.headroom_cores),
+    "qos-dp": lambda cfg: QosDpAllocator(
+        headroom_cores=cfg.headroom_cores,
+        floor_cores=cfg.min_cap_cores,
+        theta_cores=cfg.theta_cores,
+        max_units=cfg.dp_max_units,
+        node_cost=cfg.node_cost,
+        value=cfg.dp_value,
+    ),
+}
 
 
 def build_allocator(config: ControllerConfig) -> pipeline.Allocator:
@@ -69,8 +95,9 @@ class Controller:
         )
         self.sessions = AgentSessions()
         self.metrics = ControllerMetrics(lambda: self.last_record)
-        self.estimator = build_estimator(config)
         self.allocator = build_allocator(config)
+        self.qos = QosRegistry(config.qos, self.store)
+        self.sources = pipeline.SourceHistory(config.arima_history) if config.arima else None
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -82,6 +109,9 @@ class Controller:
         # them unless the inputs say otherwise (no thrash after a crash).
         self._caps: dict[InstanceKey, tuple[str, float]] = self.store.load_caps()
         self._hysteresis = {k: HysteresisState(cap=c) for k, (_, c) in self._caps.items()}
+        # Persisted caps of instances not reporting yet (e.g. after a restart) are
+        # held for forget_after_slots epochs instead of being dropped.
+        self._held: dict[InstanceKey, int] = {k: self.epoch for k in self._caps}
         records = self.store.decisions(1)
         self.last_record: dict[str, Any] | None = records[0] if records else None
         self.metrics.dry_run.set(1 if self.mode == "dry-run" else 0)
@@ -137,6 +167,21 @@ class Controller:
             log.info("mode %s -> %s", previous, mode)
         return previous
 
+    def set_qos(self, app: str, qos_class: str) -> bool:
+        """Assign a class; True when the app is known. ValueError for a bad class/name."""
+        with self._lock:
+            self.qos.set(app, qos_class, self.clock())
+            known = app in self.state.topologies
+        log.info("qos %s -> %s%s", app, qos_class, "" if known else " (held until it appears)")
+        return known
+
+    def list_qos(self):
+        with self._lock:
+            return self.qos.assignments(self.state.topologies)
+
+    def explain(self, app: str, epochs: int) -> list[dict[str, Any]]:
+        return self.store.decisions(max(1, epochs))
+
     def status(self) -> pb.StatusReply:
         with self._lock:
             now = self.clock()
@@ -167,14 +212,38 @@ class Controller:
             self.epoch += 1
             cfg = self.config
             views = pipeline.evaluate(self.state, cfg.phi)
-            forecasts = pipeline.forecast(views, cfg.phi)
+            forecasts = pipeline.forecast(views, cfg.phi, self.sources)
+            if self.sources is not None:
+                self.sources.forget_except(set(views))
+            apps = sorted({k.app for k in views})
+            classes = {a: self.qos.class_of(a) for a in apps}
+            budgets = latency_budgets(views, forecasts, {a: c.target_seconds for a, c in classes.items()})
+            estimator = build_estimator(cfg, budgets)
             demands: dict[InstanceKey, pipeline.InstanceDemand] = {}
             for op, view in views.items():
-                demands.update(self.estimator.estimate(view, forecasts[op]))
-            capacity = self.state.node_capacity()
-            alloc = self.allocator.allocate(demands, capacity)
+                demands.update(estimator.estimate(view, forecasts[op]))
+            capacity = self.node_capacity()
+            models = (
+                app_latency_models(views, forecasts, demands, cfg.min_cap_cores, cfg.arrival_scv, cfg.service_scv)
+                if cfg.dp_value == "latency"
+                else None
+            )
+            t_alloc = time.perf_counter()
+            alloc = self.allocator.allocate(demands, capacity, classes, models)
+            self.metrics.allocation_duration.observe(time.perf_counter() - t_alloc)
+            if alloc.dp is not None:
+                self.metrics.dp_duration.observe(alloc.dp.seconds)
+            placement = self.placement_hook(alloc)
             max_cap = {k: capacity.get(d.node, float("inf")) for k, d in demands.items()}
-            steps = pipeline.apply_hysteresis(alloc, self._hysteresis, cfg.theta_cores, max_cap)
+            steps = pipeline.apply_hysteresis(
+                alloc, self._hysteresis, cfg.theta_cores, max_cap, forget=False
+            )
+            self._unhold(steps)
+            room = {n: max(0.0, c - cfg.headroom_cores) for n, c in capacity.items()}
+            steps = pipeline.fit_quantized_caps(
+                steps, self._hysteresis, alloc.cores, {k: d.node for k, d in demands.items()},
+                {k: classes[k.app].weight for k in steps}, room, cfg.min_cap_cores,
+            )
             caps = {k: (demands[k].node, s.cap) for k, s in steps.items()}
             caps_by_node: dict[str, dict[InstanceKey, float]] = {}
             for k, (node, c) in caps.items():
@@ -183,56 +252,69 @@ class Controller:
             acted = actuator.push_caps(self.epoch, caps_by_node, f"epoch {self.epoch}")
             if acted.sent:
                 self.metrics.directives.inc(len(acted.sent))
-            self._caps = caps
-            record = self._record(now, views, forecasts, demands, alloc, steps, actuator.name, acted)
+            estimates = estimate_latency_seconds(
+                views, forecasts, {k: c for k, (_, c) in caps.items()}, cfg.arrival_scv, cfg.service_scv
+            )
+            predicted_violation = {
+                a: float(violation_ratio([estimates[a]], classes[a].target_seconds)[0]) for a in apps
+            }
+            self._caps = {**self._still_held(caps), **caps}
+            for gone in set(self._hysteresis) - set(self._caps):
+                del self._hysteresis[gone]
+            rejected = dict(self.state.rejected)
+            new_rejections = {r: n - self._rejected_seen.get(r, 0) for r, n in rejected.items()}
+            self._rejected_seen = rejected
+            record = build_record(
+                epoch=self.epoch, now=now, mode=self.mode, slot_seconds=cfg.slot_seconds,
+                views=views, forecasts=forecasts, demands=demands, alloc=alloc, steps=steps,
+                classes=classes, budgets=budgets, estimates=estimates,
+                predicted_violation=predicted_violation, capacity=capacity, room=room,
+                placement=placement, actuator=actuator.name, acted=acted,
+                rejected={r: n for r, n in new_rejections.items() if n},
+            )
+            for row in record["apps"]:
+                if row["violation"]:
+                    self.metrics.qos_violations.labels(row["app"], row["class"]).inc()
             self.last_record = record
-            self.store.save_caps(self.epoch, caps)
+            self.store.save_caps(self.epoch, self._caps)
             self.store.record_decision(self.epoch, now, self.mode, record)
+            rec = alloc.recommendation
+            if rec is not None and rec.nodes_delta:
+                self.store.record_recommendation(self.epoch, now, rec.nodes_delta, rec.gain, rec.reason)
             self.metrics.epoch.set(self.epoch)
         self.metrics.epoch_duration.observe(time.perf_counter() - t0)
         return record
 
-    def _record(self, now, views, forecasts, demands, alloc, steps, actuator, acted) -> dict[str, Any]:
-        rejected = dict(self.state.rejected)
-        new_rejections = {r: n - self._rejected_seen.get(r, 0) for r, n in rejected.items()}
-        self._rejected_seen = rejected
-        operators = []
-        for op, v in views.items():
-            fc = forecasts[op]
-            operators.append({
-                "app": op.app, "operator": op.operator, "instances": len(v.instances),
-                "arrival_rate": float(v.arrivals[-1]) if len(v.arrivals) else 0.0,
-                "predicted_rate": fc.rate, "predictor": fc.predictor,
-                "candidates": fc.candidates, "kappa": fc.kappa,
-                "selectivity": v.selectivity,
-                "demand_cores": sum(demands[k].cores for k in v.instances),
-                "cap_cores": sum(steps[k].cap for k in v.instances),
-                "usage_cores": v.usage_cores,
-                "queue": float(v.queue[-1]) if len(v.queue) else 0.0,
-                "latency_ms": v.latency_ms, "service_ms": v.service_ms,
-                "reason": ", ".join(sorted({demands[k].reason for k in v.instances})),
-            })
-        instances = []
-        for k, s in sorted(steps.items()):
-            d = demands[k]
-            view = views[k.operator_key]
-            instances.append({
-                "app": k.app, "operator": k.operator, "instance": k.instance, "node": d.node,
-                "demand_cores": d.cores, "demand_reason": d.reason,
-                "allocated_cores": alloc.cores[k], "cut_cores": alloc.cut.get(k, 0.0),
-                "cap_cores": s.cap, "hysteresis": s.reason,
-                "usage_cores": view.usage_by_instance.get(k, 0.0),
-                "cap_in_force": view.cap_by_instance.get(k),
-                "throttled_seconds": view.throttled_by_instance.get(k),
-                "queue": view.queue_by_instance.get(k, 0.0),
-            })
+    def node_capacity(self) -> dict[str, float]:
+        """Cores dsched may hand out per node: the agent's report, capped by config."""
+        reported = self.state.node_capacity()
+        limits = self.config.node_capacity_cores
+        return {n: min(c, limits.get(n, c)) for n, c in reported.items()}
+
+    def placement_hook(self, alloc: pipeline.Allocation) -> dict[str, Any]:
+        """Where placement (DESIGN §4 step 7) runs: it receives the per-node overflow.
+        Not wired yet: the overflow is cut by class weight and recorded."""
         return {
-            "epoch": self.epoch, "timestamp": now, "mode": self.mode,
-            "slot_seconds": self.config.slot_seconds,
-            "operators": operators, "instances": instances, "notes": alloc.notes,
-            "actuator": actuator, "sent": acted.sent, "unreachable": acted.unreachable,
-            "rejected": {r: n for r, n in new_rejections.items() if n},
+            "strategy": self.config.placement,
+            "overflow_cores": dict(alloc.overflow),
+            "planned": False,
         }
+
+    def _unhold(self, steps) -> None:
+        for k in steps:
+            self._held.pop(k, None)
+
+    def _still_held(self, current: dict[InstanceKey, tuple[str, float]]) -> dict[InstanceKey, tuple[str, float]]:
+        keep = {}
+        for k, value in self._caps.items():
+            if k in current:
+                continue
+            since = self._held.setdefault(k, self.epoch)
+            if self.epoch - since < self.config.forget_after_slots:
+                keep[k] = value
+            else:
+                self._held.pop(k, None)
+        return keep
 
     # ------------------------------------------------------------ lifecycle
     def start(self, serve_metrics: bool = True) -> None:

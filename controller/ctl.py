@@ -33,6 +33,21 @@ def plan_table(reply: pb.PlanReply, title: str | None = None) -> Table:
     return t
 
 
+def apps_table(rec: dict) -> Table:
+    """Per application: class, demand, allocation, latency and the DP's units."""
+    t = Table(title="applications")
+    for col in ("app", "class", "weight", "target ms", "demand", "allocated", "caps", "cut", "latency ms", "estimate ms", "dp units"):
+        t.add_column(col, justify="left" if col in ("app", "class") else "right")
+    for a in rec.get("apps", []):
+        lat, est = a.get("latency_ms"), a.get("latency_estimate_ms")
+        t.add_row(
+            a["app"], a["class"], f"{a['weight']:g}", f"{a['target_ms']:g}", f"{a['demand_cores']:.2f}",
+            f"{a['allocated_cores']:.2f}", f"{a['cap_cores']:.2f}", f"{a['cut_cores']:.2f}",
+            "-" if lat is None else f"{lat:.1f}", "-" if est is None else f"{est:.1f}", str(a["dp_units"]),
+        )
+    return t
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dschedctl", description="Control a running dsched controller.")
     p.add_argument("--address", default="127.0.0.1:7700", help="controller gRPC HOST:PORT")
@@ -106,8 +121,13 @@ def _run(args, stub, console: Console) -> int:
             return 0
         console.print(plan_table(r))
         rec = json.loads(r.record_json) if r.record_json else {}
+        if rec.get("apps"):
+            console.print(apps_table(rec))
         for note in rec.get("notes", []):
             console.print(f"- {note}")
+        node = rec.get("node_recommendation")
+        if node:
+            console.print(f"- nodes: {node['nodes_delta']:+d} ({node['reason']})")
     elif args.cmd == "qos":
         if args.qos_cmd == "set":
             r = stub.SetQos(pb.SetQosRequest(app=args.app, qos_class=args.qos_class), timeout=t)
@@ -115,6 +135,11 @@ def _run(args, stub, console: Console) -> int:
             console.print(f"{r.app}: {r.qos_class}{held}")
         else:
             r = stub.ListQos(pb.ListQosRequest(), timeout=t)
+            if args.json:
+                from google.protobuf.json_format import MessageToDict
+
+                print(json.dumps(MessageToDict(r, always_print_fields_with_no_presence=True), indent=2))
+                return 0
             tab = Table("class", "target ms", "max violation", "weight", title="classes")
             for c in r.classes:
                 tab.add_row(c.name, f"{c.target_latency_ms:g}", f"{c.max_violation_ratio:g}", f"{c.weight:g}")

@@ -50,7 +50,31 @@ class _DecisionCollector(Collector):
         for row in rec.get("operators", []):
             rate.add_metric([row["app"], row["operator"]], row["predicted_rate"])
             arrival.add_metric([row["app"], row["operator"]], row["arrival_rate"])
-        yield from (caps, demand, rate, arrival)
+        app_demand = GaugeMetricFamily(
+            "dsched_app_demand_cores", "CPU demand of an application, cores", labels=["app", "class"]
+        )
+        app_alloc = GaugeMetricFamily(
+            "dsched_app_allocated_cores",
+            "CPU allocated to an application after division and anti-saturation, cores",
+            labels=["app", "class"],
+        )
+        app_latency = GaugeMetricFamily(
+            "dsched_app_latency_estimate_seconds",
+            "Allen-Cunneen critical-path latency of an application under its caps",
+            labels=["app"],
+        )
+        for row in rec.get("apps", []):
+            app_demand.add_metric([row["app"], row["class"]], row["demand_cores"])
+            app_alloc.add_metric([row["app"], row["class"]], row["allocated_cores"])
+            est = row.get("latency_estimate_ms")
+            app_latency.add_metric([row["app"]], est / 1000.0 if est is not None else float("inf"))
+        nodes = GaugeMetricFamily(
+            "dsched_cluster_node_recommendation",
+            "Recommended change of the node count: -1 remove one, 0 keep, +1 add one",
+        )
+        node_rec = rec.get("node_recommendation")
+        nodes.add_metric([], node_rec["nodes_delta"] if node_rec else 0)
+        yield from (caps, demand, rate, arrival, app_demand, app_alloc, app_latency, nodes)
 
 
 class ControllerMetrics:
@@ -64,6 +88,24 @@ class ControllerMetrics:
             "dsched_controller_epoch_duration_seconds",
             "Wall time of one control epoch's computation",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.dp_duration = Histogram(
+            "dsched_controller_dp_duration_seconds",
+            "Wall time of the QoS-weighted dynamic program in one epoch",
+            buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        self.allocation_duration = Histogram(
+            "dsched_controller_allocation_duration_seconds",
+            "Wall time of the division of CPU (DP, shares, anti-saturation) in one epoch",
+            buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        self.qos_violations = Counter(
+            "dsched_app_qos_violations",
+            "Epochs in which an application's measured latency exceeded its class target",
+            ["app", "class"],
             registry=r,
         )
         self.reports = Counter("dsched_reports_total", "NodeReports received", registry=r)

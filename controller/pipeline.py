@@ -7,16 +7,20 @@ hands the result to an actuator.
 from __future__ import annotations
 
 import math
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from controller import hysteresis
+from controller.allocation import AppAllocation, QosAllocation
 from controller.model import InstanceKey, OperatorKey
+from controller.qos import QosClass
 from controller.state import ClusterState
 from predict.cost import cpu_per_tuple
-from predict.load import LinearTrend, combine, propagate
+from predict.load import Arima, LinearTrend, combine, propagate
 
 
 # ---------------------------------------------------------------- 1 evaluate
@@ -41,6 +45,7 @@ class OperatorView:
     throttled_by_instance: dict[InstanceKey, float | None]  # seconds throttled in the last slot
     latency_ms: float | None  # mean end-to-end latency of tuples finished here, last slot
     service_ms: float | None  # mean processing time per tuple, over the window
+    last_timestamp: float = 0.0  # end of the newest slot
 
     @property
     def usage_cores(self) -> float:
@@ -102,6 +107,7 @@ def evaluate(state: ClusterState, phi: int) -> dict[OperatorKey, OperatorView]:
             service_ms=(1000 * sum(s.service_seconds for r in rows for s in r) / svc_count)
             if svc_count
             else None,
+            last_timestamp=max(s.timestamp for s in last),
         )
     return views
 
@@ -116,8 +122,49 @@ class OperatorForecast:
     kappa: float  # CPU-seconds per tuple
 
 
-def forecast(views: dict[OperatorKey, OperatorView], phi: int) -> dict[OperatorKey, OperatorForecast]:
-    """Predict every operator's arrivals: max of its own trend and its parents' output."""
+class SourceHistory:
+    """Long arrival series of source operators with one cached ARIMA per series.
+
+    The fast loop keeps only phi slots; sources get one point per new slot here,
+    and their :class:`predict.load.Arima` keeps its fit between epochs, so an
+    epoch only advances each filter by one observation.
+    """
+
+    def __init__(self, length: int = 300, **arima_options):
+        self.length = length
+        self.arima_options = arima_options
+        self.series: dict[OperatorKey, deque[float]] = {}
+        self.models: dict[OperatorKey, Arima] = {}
+        self._seen: dict[OperatorKey, float] = {}
+
+    def observe(self, view: OperatorView) -> None:
+        if not len(view.arrivals) or self._seen.get(view.key, -1.0) >= view.last_timestamp:
+            return
+        self._seen[view.key] = view.last_timestamp
+        self.series.setdefault(view.key, deque(maxlen=self.length)).append(float(view.arrivals[-1]))
+
+    def predict(self, key: OperatorKey) -> float | None:
+        """ARIMA's next value, or None while the series is too short to fit."""
+        series = self.series.get(key)
+        model = self.models.get(key)
+        if model is None:
+            model = self.models[key] = Arima(**self.arima_options)
+        if series is None or len(series) < model.min_history:
+            return None
+        fc = model.predict(np.fromiter(series, float, len(series)))
+        return float(fc.values[0]) if fc.method == "arima" else None
+
+    def forget_except(self, live: set[OperatorKey]) -> None:
+        for store in (self.series, self.models, self._seen):
+            for k in set(store) - live:
+                del store[k]
+
+
+def forecast(
+    views: dict[OperatorKey, OperatorView], phi: int, sources: SourceHistory | None = None
+) -> dict[OperatorKey, OperatorForecast]:
+    """Predict every operator's arrivals: max of its own trend, its parents' output
+    and (for sources with enough history) ARIMA."""
     trend = LinearTrend(window=phi)
     out: dict[OperatorKey, OperatorForecast] = {}
     apps = sorted({k.app for k in views})
@@ -126,6 +173,15 @@ def forecast(views: dict[OperatorKey, OperatorView], phi: int) -> dict[OperatorK
         own = {op: max(0.0, float(trend.forecast(v.arrivals, horizon=1)[0])) for op, v in ops.items()}
         children = {op: [c for c, w in ops.items() if op in w.upstream] for op in ops}
         has_parents = {op for kids in children.values() for op in kids}
+        arima: dict[str, float] = {}
+        if sources is not None:
+            for op, v in ops.items():
+                if op not in has_parents:
+                    sources.observe(v)
+                    value = sources.predict(v.key)
+                    if value is not None:
+                        arima[op] = max(0.0, value)
+                        own[op] = max(own[op], arima[op])
         # The max rule is applied along the DAG: a child sees the larger of its
         # own trend and what its parents are predicted to send it.
         from_parents = propagate(
@@ -136,7 +192,9 @@ def forecast(views: dict[OperatorKey, OperatorView], phi: int) -> dict[OperatorK
             combine_with={op: own[op] for op in has_parents},
         )
         for op, v in ops.items():
-            candidates = {"linear_trend": own[op]}
+            candidates = {"linear_trend": max(0.0, float(trend.forecast(v.arrivals, horizon=1)[0]))}
+            if op in arima:
+                candidates["arima"] = arima[op]
             if op in has_parents:
                 candidates["dag"] = from_parents[op]
             best = combine(candidates)
@@ -202,16 +260,18 @@ class WithFloor:
 
 
 # ---------------------------------------------------------------- 4 allocate
-@dataclass
-class Allocation:
-    cores: dict[InstanceKey, float]
-    notes: list[str] = field(default_factory=list)
-    cut: dict[InstanceKey, float] = field(default_factory=dict)  # demand not granted
+Allocation = QosAllocation
 
 
 class Allocator(Protocol):
+    """Divide CPU: per-instance grants (cores), cuts with reasons, per-app summary."""
+
     def allocate(
-        self, demands: dict[InstanceKey, InstanceDemand], capacity: dict[str, float]
+        self,
+        demands: dict[InstanceKey, InstanceDemand],
+        capacity: dict[str, float],
+        classes: Mapping[str, QosClass],
+        latency_models: Mapping | None = None,
     ) -> Allocation: ...
 
 
@@ -223,7 +283,11 @@ class DemandAllocator:
     headroom_cores: float = 0.0
 
     def allocate(
-        self, demands: dict[InstanceKey, InstanceDemand], capacity: dict[str, float]
+        self,
+        demands: dict[InstanceKey, InstanceDemand],
+        capacity: dict[str, float],
+        classes: Mapping[str, QosClass],
+        latency_models: Mapping | None = None,
     ) -> Allocation:
         alloc = Allocation({k: d.cores for k, d in demands.items()})
         for node, cap in sorted(capacity.items()):
@@ -239,6 +303,15 @@ class DemandAllocator:
                 alloc.notes.append(
                     f"node {node}: demand {total:.2f} cores > {room:.2f} usable; scaled by {scale:.2f}"
                 )
+                alloc.overflow[node] = total - room
+                for k in keys:
+                    alloc.cut_reason[k] = f"node {node} full, scaled by {scale:.2f}"
+        for app in sorted({k.app for k in demands}):
+            keys = [k for k in demands if k.app == app]
+            want = sum(demands[k].cores for k in keys)
+            got = sum(alloc.cores[k] for k in keys)
+            qos = classes[app]
+            alloc.apps[app] = AppAllocation(app, qos.name, qos.weight, want, 0.0, 0, got, want - got)
         return alloc
 
 
@@ -248,8 +321,10 @@ def apply_hysteresis(
     memory: dict[InstanceKey, hysteresis.HysteresisState],
     theta: float,
     max_cap: dict[InstanceKey, float],
+    forget: bool = True,
 ) -> dict[InstanceKey, hysteresis.HysteresisStep]:
-    """Per instance: raise at once, lower after theta/2, quantize; never above the node."""
+    """Per instance: raise at once, lower after theta/2, quantize; never above the node.
+    With ``forget``, the memory of instances without an allocation is dropped."""
     steps = {}
     for k, cores in sorted(alloc.cores.items()):
         st = memory.setdefault(k, hysteresis.HysteresisState())
@@ -260,6 +335,62 @@ def apply_hysteresis(
             st.cap = limit
             s = hysteresis.HysteresisStep(limit, s.changed, s.reason)
         steps[k] = s
-    for gone in set(memory) - set(alloc.cores):
-        del memory[gone]
+    if forget:
+        for gone in set(memory) - set(alloc.cores):
+            del memory[gone]
     return steps
+
+
+def fit_quantized_caps(
+    steps: dict[InstanceKey, hysteresis.HysteresisStep],
+    memory: dict[InstanceKey, hysteresis.HysteresisState],
+    allocated: Mapping[InstanceKey, float],
+    node_of: Mapping[InstanceKey, str],
+    weight_of: Mapping[InstanceKey, float],
+    room: Mapping[str, float],
+    min_cap: float,
+) -> dict[InstanceKey, hysteresis.HysteresisStep]:
+    """Anti-saturation after quantization (DESIGN §4 steps 5–6).
+
+    Rounding up with a theta/2 margin can push a node's caps past its room
+    again. Where it does, first the rounding margins come off (down to the
+    allocation, lightest class first), then caps go below their allocation,
+    lightest class first and in proportion within a class, never below
+    ``min_cap``. Caps lowered here need not be multiples of theta: the node's
+    room wins over the granularity.
+    """
+    by_node: dict[str, list[InstanceKey]] = {}
+    for k in steps:
+        by_node.setdefault(node_of[k], []).append(k)
+    out = dict(steps)
+    for node, keys in by_node.items():
+        caps = {k: out[k].cap for k in keys}
+        over = sum(caps.values()) - room.get(node, math.inf)
+        if over <= 1e-9:
+            continue
+        floor = {k: min(min_cap, caps[k]) for k in keys}
+        target = {k: max(allocated.get(k, 0.0), floor[k]) for k in keys}
+        for k in sorted(keys, key=lambda k: (weight_of.get(k, 1.0), target[k] - caps[k], k)):
+            take = min(max(caps[k] - target[k], 0.0), over)
+            caps[k] -= take
+            over -= take
+            if over <= 1e-9:
+                break
+        for w in sorted({weight_of.get(k, 1.0) for k in keys}):
+            if over <= 1e-9:
+                break
+            grp = [k for k in keys if weight_of.get(k, 1.0) == w]
+            cuttable = {k: max(caps[k] - floor[k], 0.0) for k in grp}
+            total = sum(cuttable.values())
+            if total <= 0:
+                continue
+            take = min(over, total)
+            for k in grp:
+                caps[k] -= cuttable[k] * take / total
+            over -= take
+        for k in keys:
+            if caps[k] < out[k].cap - 1e-12:
+                c = round(caps[k], 9)
+                memory[k].cap, memory[k].accumulated_decrease = c, 0.0
+                out[k] = hysteresis.HysteresisStep(c, True, "fit-node")
+    return out

@@ -19,6 +19,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from controller.core import MODE_TO_PB, PB_TO_MODE, Controller
+from controller.explain import explain_lines
+from dsched.names import InvalidName, check_name
 from dsched_pb import dsched_pb2 as pb
 from dsched_pb import dsched_pb2_grpc as pb_grpc
 
@@ -111,6 +113,55 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         if rec is None:
             return pb.PlanReply(mode=MODE_TO_PB[self.controller.mode])
         return plan_reply(rec)
+
+    def SetQos(self, request, context):  # noqa: N802
+        try:
+            known = self.controller.set_qos(request.app, request.qos_class)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.SetQosReply(app=request.app, qos_class=request.qos_class, app_known=known)
+
+    def ListQos(self, request, context):  # noqa: N802
+        qos = self.controller.qos
+        return pb.ListQosReply(
+            assignments=[
+                pb.QosAssignment(app=a.app, qos_class=a.qos_class, app_known=a.app_known, defaulted=a.defaulted)
+                for a in self.controller.list_qos()
+            ],
+            classes=[
+                pb.QosClass(
+                    name=c.name, target_latency_ms=c.target_latency_ms,
+                    max_violation_ratio=c.max_violation_ratio, weight=c.weight,
+                )
+                for c in qos.classes.values()
+            ],
+            default_class=qos.default_class,
+        )
+
+    def Explain(self, request, context):  # noqa: N802
+        try:
+            check_name("app", request.app)
+        except InvalidName as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        records = self.controller.explain(request.app, request.epochs or 10)
+        mine = [r for r in records if any(a["app"] == request.app for a in r.get("apps", []))]
+        return pb.ExplainReply(
+            app=request.app,
+            lines=explain_lines(request.app, records),
+            records_json=json.dumps([_app_view(r, request.app) for r in mine], default=float),
+        )
+
+
+def _app_view(rec: dict, app: str) -> dict:
+    """The parts of a decision record that concern one application."""
+    return {
+        "epoch": rec["epoch"], "timestamp": rec["timestamp"], "mode": rec["mode"],
+        "app": next(a for a in rec["apps"] if a["app"] == app),
+        "operators": [o for o in rec["operators"] if o["app"] == app],
+        "instances": [i for i in rec["instances"] if i["app"] == app],
+        "cuts": [c for c in rec.get("cuts", []) if c["app"] == app],
+        "dp": rec.get("dp"), "node_recommendation": rec.get("node_recommendation"),
+    }
 
 
 def plan_reply(rec: dict) -> pb.PlanReply:

@@ -92,6 +92,7 @@ class SpoolWriter:
         self.spool_dir = Path(config.spool_dir)
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         self.dropped_total = 0
+        # True from a refused slot until the next slot is accepted.
         self.over_limit = False
         self.pruned_total = 0
         self._bytes, self._files = self._scan()
@@ -161,6 +162,4 @@ class SpoolWriter:
                     continue
         self.pruned_total += removed
         self._bytes, self._files = self._scan()
-        if self._bytes < self.config.max_spool_bytes:
-            self.over_limit = False
         return removed

@@ -1,7 +1,8 @@
 """What must survive a controller restart, in SQLite (WAL) under the state dir.
 
-Mode, epoch counter, the last caps (so a restarted controller resumes where it
-stopped instead of thrashing caps) and the decision log. Each write is one
+Mode, epoch counter, QoS assignments, the last caps (so a restarted controller
+resumes where it stopped instead of thrashing caps), node recommendations and
+the decision log. Each write is one
 short transaction; WAL lets `dschedctl` and backups read while the loop writes.
 """
 
@@ -21,6 +22,13 @@ CREATE TABLE IF NOT EXISTS caps (
     app TEXT NOT NULL, operator TEXT NOT NULL, instance INTEGER NOT NULL,
     node TEXT NOT NULL, cap_cores REAL NOT NULL, epoch INTEGER NOT NULL,
     PRIMARY KEY (app, operator, instance)
+);
+CREATE TABLE IF NOT EXISTS qos (
+    app TEXT PRIMARY KEY, qos_class TEXT NOT NULL, set_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS recommendations (
+    epoch INTEGER PRIMARY KEY, timestamp REAL NOT NULL, nodes_delta INTEGER NOT NULL,
+    gain REAL NOT NULL, reason TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS decisions (
     epoch INTEGER PRIMARY KEY, timestamp REAL NOT NULL, mode TEXT NOT NULL, record TEXT NOT NULL
@@ -81,6 +89,42 @@ class StateStore:
         with self._lock:
             rows = self._db.execute("SELECT app, operator, instance, node, cap_cores FROM caps").fetchall()
         return {InstanceKey(a, o, i): (n, c) for a, o, i, n, c in rows}
+
+    # QoS assignments
+    def set_qos(self, app: str, qos_class: str, at: float) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO qos(app, qos_class, set_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(app) DO UPDATE SET qos_class=excluded.qos_class, set_at=excluded.set_at",
+                (app, qos_class, at),
+            )
+
+    def qos_assignments(self) -> dict[str, str]:
+        with self._lock:
+            rows = self._db.execute("SELECT app, qos_class FROM qos ORDER BY app").fetchall()
+        return dict(rows)
+
+    # node recommendations
+    def record_recommendation(
+        self, epoch: int, timestamp: float, nodes_delta: int, gain: float, reason: str
+    ) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO recommendations VALUES (?, ?, ?, ?, ?)",
+                (epoch, timestamp, nodes_delta, gain, reason),
+            )
+            self._db.execute(
+                "DELETE FROM recommendations WHERE epoch <= ?", (epoch - self.keep_decisions,)
+            )
+
+    def recommendations(self, last: int = 1) -> list[tuple[int, float, int, float, str]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT epoch, timestamp, nodes_delta, gain, reason FROM recommendations "
+                "ORDER BY epoch DESC LIMIT ?",
+                (last,),
+            ).fetchall()
+        return list(reversed(rows))
 
     # decisions
     def record_decision(self, epoch: int, timestamp: float, mode: str, record: dict[str, Any]) -> None:

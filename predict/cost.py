@@ -34,7 +34,9 @@ def cpu_per_tuple(
     n = v.series(tuples, "tuples")
     window = v.positive_int(window, "window")
     if cpu.size != n.size:
-        raise ValueError(f"cpu_seconds and tuples must have the same length, got {cpu.size} and {n.size}")
+        raise ValueError(
+            f"cpu_seconds and tuples must have the same length, got {cpu.size} and {n.size}"
+        )
     if np.any(cpu < 0):
         raise ValueError("cpu_seconds must be >= 0")
     if np.any(n < 0):
@@ -45,7 +47,9 @@ def cpu_per_tuple(
     busy = n > 0
     if not np.any(busy):
         if default is None:
-            raise ValueError(f"tuples: no slot in the last {window} processed a tuple; no cost estimate")
+            raise ValueError(
+                f"tuples: no slot in the last {window} processed a tuple; no cost estimate"
+            )
         return v.non_negative(default, "default")
     if strategy == "mean_ratio":
         return float(np.mean(cpu[busy] / n[busy]))

@@ -21,7 +21,7 @@ import math
 import warnings
 from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from graphlib import CycleError, TopologicalSorter
 
 import numpy as np
@@ -201,7 +201,11 @@ def fit_arma_state(
     p, q, res = best
     ssm = res.model.ssm
     obs_intercept = np.asarray(ssm["obs_intercept"], dtype=float)
-    state_cov = np.asarray(ssm["state_cov"], dtype=float)[:, :, 0] if np.ndim(ssm["state_cov"]) == 3 else np.asarray(ssm["state_cov"], dtype=float)
+    state_cov = (
+        np.asarray(ssm["state_cov"], dtype=float)[:, :, 0]
+        if np.ndim(ssm["state_cov"]) == 3
+        else np.asarray(ssm["state_cov"], dtype=float)
+    )
     selection = np.asarray(ssm["selection"], dtype=float).reshape(-1, state_cov.shape[0])
     filtered = res.filter_results
     state = _ArmaState(
@@ -337,7 +341,9 @@ class Arima:
         horizon = _check_horizon(horizon)
         if h.size < self.min_history:
             self.reset()
-            result = self._fallback(h, horizon, f"history has {h.size} points, fewer than {self.min_history}")
+            result = self._fallback(
+                h, horizon, f"history has {h.size} points, fewer than {self.min_history}"
+            )
         else:
             try:
                 refitted = self.update(h)
@@ -471,8 +477,12 @@ class Combined:
 
     @property
     def reason(self) -> str:
-        others = ", ".join(f"{k}={val:.4g}" for k, val in self.candidates.items() if k != self.winner)
-        return f"max of predictions: {self.winner}={self.value:.4g}" + (f" over {others}" if others else "")
+        others = ", ".join(
+            f"{k}={val:.4g}" for k, val in self.candidates.items() if k != self.winner
+        )
+        return f"max of predictions: {self.winner}={self.value:.4g}" + (
+            f" over {others}" if others else ""
+        )
 
 
 def combine(predictions: Mapping[str, float | None]) -> Combined:

@@ -57,7 +57,9 @@ class PerformanceModel:
         if len(set(threads)) != len(threads):
             raise ValueError(f"points: duplicate thread counts in {threads}")
         if pts[0].threads != 1:
-            raise ValueError("points: the profile must include 1 thread (LSA and MBA scale from it)")
+            raise ValueError(
+                "points: the profile must include 1 thread (LSA and MBA scale from it)"
+            )
         if pts[0].peak_rate <= 0:
             raise ValueError("points: the peak rate with 1 thread must be > 0")
         self.points: tuple[PerfPoint, ...] = tuple(pts)
@@ -176,8 +178,10 @@ def profile_task(
         points.append(peak or PerfPoint(threads, 0.0, 0.0, 0.0))
         if len(points) >= max(window, 2):
             recent = points[-window:]
-            slope = np.polyfit([p.threads for p in recent], [p.peak_rate for p in recent], 1)[0]
-            if slope <= min_rate_slope:
+            rates = [p.peak_rate for p in recent]
+            slope = np.polyfit([p.threads for p in recent], rates, 1)[0]
+            # Tolerance for the rounding noise of a least-squares fit to a flat line.
+            if slope <= min_rate_slope + 1e-9 * max(max(rates), 1.0):
                 break
         threads += thread_step
     if points[0].peak_rate <= 0:
@@ -237,7 +241,11 @@ def _mba_task(rate: float, model: PerformanceModel) -> tuple[int, float, float]:
     bundles = math.floor(rate / bundle_rate)
     rest = rate - bundles * bundle_rate
     # A full bundle saturates its slot: count the whole slot, not the measured usage.
-    threads, cpu, mem = bundles * bundle_threads, bundles * FULL_SLOT_PERCENT, bundles * FULL_SLOT_PERCENT
+    threads, cpu, mem = (
+        bundles * bundle_threads,
+        bundles * FULL_SLOT_PERCENT,
+        bundles * FULL_SLOT_PERCENT,
+    )
     if rest > 0:
         extra = model.threads_for_rate(rest)
         threads += extra

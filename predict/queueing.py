@@ -101,6 +101,7 @@ def erlang_c_wait(arrival_rate: float, service_rate: float, servers: int) -> flo
 
 WaitModel = Callable[[float, float, int, float, float], float]
 
+
 #: Waiting-time models by name, all with the signature of :func:`allen_cunneen_wait`.
 def _kingman_model(lam: float, mu: float, m: int, ca2: float, cs2: float) -> float:
     if m != 1:
@@ -153,11 +154,14 @@ def _ac_wait_unchecked(lam: float, mu: float, m: int, variability: float) -> flo
 def _smallest_feasible(excess: Callable[[float], float], lo: float, hi: float) -> float:
     """Smallest x in (lo, hi] with excess(x) <= 0, for excess decreasing in x.
 
-    ``excess(hi) <= 0`` must hold. The answer is returned from the feasible side of
+    ``hi`` should be feasible (it is widened if rounding made it not). The answer is returned from the feasible side of
     the bracket so that it always meets the target.
     """
-    if excess(hi) <= 0 and excess(lo) <= 0:
+    if excess(lo) <= 0:
         return lo
+    while excess(hi) > 0:
+        # Only reachable through rounding when hi is within an ulp of lo.
+        hi = hi * 2.0 + 1e-300
     root = brentq(excess, lo, hi, xtol=hi * 1e-15, rtol=RATE_RTOL, maxiter=200)
     # brentq may land a hair on the infeasible side (or inside P_cb's jump).
     step = max(root * RATE_RTOL, 1e-300)
@@ -176,7 +180,9 @@ def min_service_rate(
     with ``v = (ca2 + cs2) / 2``; otherwise the root is bracketed in closed form and
     found with Brent's method to :data:`RATE_RTOL`. Zero arrivals need no capacity: 0.
     """
-    t, lam, m, var = _check_target_inputs(target_wait, "target_wait", arrival_rate, servers, ca2, cs2)
+    t, lam, m, var = _check_target_inputs(
+        target_wait, "target_wait", arrival_rate, servers, ca2, cs2
+    )
     if lam == 0.0:
         return 0.0
     if var == 0.0:
@@ -210,9 +216,7 @@ def min_service_rate_for_sojourn(
         return max(1.0 / t, math.nextafter(lam / m, math.inf))
     # Each of the two terms is at most t/2 at hi.
     hi = max((lam + 2.0 * var / t) / m, 2.0 / t)
-    return _smallest_feasible(
-        lambda mu: _ac_wait_unchecked(lam, mu, m, var) + 1.0 / mu - t, lo, hi
-    )
+    return _smallest_feasible(lambda mu: _ac_wait_unchecked(lam, mu, m, var) + 1.0 / mu - t, lo, hi)
 
 
 # ------------------------------------------------------------------ vectorised versions
@@ -234,7 +238,9 @@ def allen_cunneen_wait_many(arrival_rate, service_rate, servers, ca2, cs2) -> np
         arrival_rate=arrival_rate, service_rate=service_rate, servers=servers, ca2=ca2, cs2=cs2
     )
     _check_many(a)
-    return _ac_wait_array(a["arrival_rate"], a["service_rate"], a["servers"], (a["ca2"] + a["cs2"]) / 2)
+    return _ac_wait_array(
+        a["arrival_rate"], a["service_rate"], a["servers"], (a["ca2"] + a["cs2"]) / 2
+    )
 
 
 def _check_many(a: dict[str, np.ndarray]) -> None:
@@ -273,7 +279,9 @@ def _bisect_many(excess, lo: np.ndarray, hi: np.ndarray, iterations: int = 200) 
 
 def min_service_rate_many(target_wait, arrival_rate, servers, ca2, cs2) -> np.ndarray:
     """Element-wise :func:`min_service_rate` for many operators at once."""
-    a = _broadcast(target_wait=target_wait, arrival_rate=arrival_rate, servers=servers, ca2=ca2, cs2=cs2)
+    a = _broadcast(
+        target_wait=target_wait, arrival_rate=arrival_rate, servers=servers, ca2=ca2, cs2=cs2
+    )
     _check_many(a)
     if np.any(a["target_wait"] <= 0):
         raise ValueError("target_wait must be > 0")
@@ -285,7 +293,9 @@ def min_service_rate_many(target_wait, arrival_rate, servers, ca2, cs2) -> np.nd
     return np.where(lam == 0, 0.0, mu)
 
 
-def min_service_rate_for_sojourn_many(target_sojourn, arrival_rate, servers, ca2, cs2) -> np.ndarray:
+def min_service_rate_for_sojourn_many(
+    target_sojourn, arrival_rate, servers, ca2, cs2
+) -> np.ndarray:
     """Element-wise :func:`min_service_rate_for_sojourn` for many operators at once."""
     a = _broadcast(
         target_sojourn=target_sojourn, arrival_rate=arrival_rate, servers=servers, ca2=ca2, cs2=cs2

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +52,9 @@ def spark_session(config: HistoryConfig, app_name: str = "dsched-history"):
     """A Spark session on ``config.spark_master`` with the history job's settings."""
     from pyspark.sql import SparkSession
 
+    # Executors must run the interpreter that has this project and pandas installed;
+    # on a cluster, spark_conf["spark.pyspark.python"] names the path on the workers.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(config.spark_master)
         .appName(app_name)
@@ -58,6 +62,7 @@ def spark_session(config: HistoryConfig, app_name: str = "dsched-history"):
         .config("spark.sql.shuffle.partitions", str(config.shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
+        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
     )
     for key, value in config.spark_conf.items():
         builder = builder.config(key, value)

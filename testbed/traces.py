@@ -32,7 +32,9 @@ def _positive_int(value: int, name: str) -> int:
     return int(value)
 
 
-def _number(value: float, name: str, *, minimum: float | None = None, strict: bool = False) -> float:
+def _number(
+    value: float, name: str, *, minimum: float | None = None, strict: bool = False
+) -> float:
     try:
         x = float(value)
     except (TypeError, ValueError):

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from agent.cgroups import CgroupV2, detect_mode, make_backend
-from agent.config import AgentConfig
+from agent.config import AgentConfig, DiscoveryRule
 from agent.discovery import match_threads, parse_jcmd_threads, proc_threads
-from agent.config import DiscoveryRule
 from agent.node import NodeAgent
 from agent.registry import InstanceKey
 from agent.sampling import Resctrl, read_pressure, thread_cpu_seconds
@@ -53,7 +52,11 @@ def test_v2_backend_builds_threaded_subtree_fake_v2_layout(tmp_path):
         "usage_usec 900\nuser_usec 800\nsystem_usec 100\nnr_periods 40\nnr_throttled 7\nthrottled_usec 250000\n"
     )
     th = backend.throttling(path)
-    assert (th.periods_total, th.throttled_periods_total, th.throttled_seconds_total) == (40, 7, 0.25)
+    assert (th.periods_total, th.throttled_periods_total, th.throttled_seconds_total) == (
+        40,
+        7,
+        0.25,
+    )
     backend.set_cap(path, 0.5)
     adopted = backend.adopt()
     assert [(a.key, a.worker, a.cap_cores, a.tids) for a in adopted] == [(key, "w1", 0.5, (4243,))]
@@ -91,14 +94,18 @@ def _fake_resctrl_layout(tmp: Path, groups: dict[str, list[tuple[int, int]]]) ->
 
 
 def test_resctrl_sums_domains_per_app_and_derives_bandwidth_fake_resctrl_layout(tmp_path):
-    mount = _fake_resctrl_layout(tmp_path, {"wc": [(1000, 10_000), (500, 5_000)], "other": [(9, 9)]})
+    mount = _fake_resctrl_layout(
+        tmp_path, {"wc": [(1000, 10_000), (500, 5_000)], "other": [(9, 9)]}
+    )
     r = Resctrl(mount)
     assert r.available
     llc, bw = r.read({"wc"})
     assert llc == {"wc": 1500.0} and bw == {}
     time.sleep(0.05)
     for i, mbm in enumerate((20_000, 15_000)):
-        (mount / "mon_groups" / "wc" / "mon_data" / f"mon_L3_{i:02d}" / "mbm_total_bytes").write_text(str(mbm))
+        (
+            mount / "mon_groups" / "wc" / "mon_data" / f"mon_L3_{i:02d}" / "mbm_total_bytes"
+        ).write_text(str(mbm))
     _llc, bw = r.read({"wc"})
     assert bw["wc"] > 0
     r.assign("wc", [123, 456])
@@ -157,7 +164,7 @@ def test_thread_cpu_seconds_grows_for_a_busy_thread_and_is_none_after_exit():
 
 
 # Captured on this machine: `jcmd <pid> Thread.print` of a Java 17 program (abridged).
-JCMD_OUTPUT = '''Full thread dump OpenJDK 64-Bit Server VM (17.0.15+6-Debian-1deb12u1 mixed mode, sharing):
+JCMD_OUTPUT = """Full thread dump OpenJDK 64-Bit Server VM (17.0.15+6-Debian-1deb12u1 mixed mode, sharing):
 
 "main" #1 prio=5 os_prio=0 cpu=526.72ms elapsed=6.25s tid=0x00007fac90018040 nid=0x18aa waiting on condition  [0x00007fac945fe000]
    java.lang.Thread.State: TIMED_WAITING (sleeping)
@@ -170,7 +177,7 @@ JCMD_OUTPUT = '''Full thread dump OpenJDK 64-Bit Server VM (17.0.15+6-Debian-1de
    java.lang.Thread.State: TIMED_WAITING (sleeping)
 
 "GC Thread#1" os_prio=0 cpu=5.61ms elapsed=5.01s tid=0x00007fac08004990 nid=0x18d8 runnable
-'''
+"""
 
 
 def test_jcmd_thread_dump_parsed_to_tids_and_rule_matches():
@@ -178,12 +185,15 @@ def test_jcmd_thread_dump_parsed_to_tids_and_rule_matches():
     assert threads[0x18D9] == "wordcount-split-instance-0"
     assert threads[0x18AA] == "main" and threads[0x18D8] == "GC Thread#1"
     rule = DiscoveryRule(
-        cmdline="java", thread_name=r"(?P<app>\w+)-(?P<operator>\w+)-instance-(?P<instance>\d+)", jvm=True
+        cmdline="java",
+        thread_name=r"(?P<app>\w+)-(?P<operator>\w+)-instance-(?P<instance>\d+)",
+        jvm=True,
     )
     rule.validate()
     found = match_threads(rule, 77, threads)
     assert [(m.app, m.operator, m.instance, m.tid) for m in found] == [
-        ("wordcount", "split", 0, 0x18D9), ("wordcount", "split", 1, 0x18DA),
+        ("wordcount", "split", 0, 0x18D9),
+        ("wordcount", "split", 1, 0x18DA),
     ]
 
 

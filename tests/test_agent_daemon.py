@@ -25,7 +25,12 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_are_valid():
     c = load_config(AgentConfig, None)
-    assert (c.controller, c.cgroup_root, c.fallback, c.slot_seconds) == ("127.0.0.1:7700", "dsched", "hold", 10.0)
+    assert (c.controller, c.cgroup_root, c.fallback, c.slot_seconds) == (
+        "127.0.0.1:7700",
+        "dsched",
+        "hold",
+        10.0,
+    )
 
 
 @pytest.mark.parametrize(
@@ -42,7 +47,10 @@ def test_defaults_are_valid():
         ('controller = "nohost"', "controller"),
         ("colour = 1", "colour"),
         ('[tls]\nca = "/nonexistent/ca.pem"', "tls.ca"),
-        ('[[discovery]]\ncmdline = "java"\nthread_name = "(?P<operator>x)"', "discovery[0].thread_name"),
+        (
+            '[[discovery]]\ncmdline = "java"\nthread_name = "(?P<operator>x)"',
+            "discovery[0].thread_name",
+        ),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, text, key):
@@ -52,19 +60,25 @@ def test_bad_config_names_the_key(tmp_path, text, key):
 
 
 def test_plaintext_remote_controller_allowed_only_when_asked(tmp_path):
-    c = load_config(AgentConfig, _write(tmp_path, 'controller = "10.1.2.3:7700"\nallow_plaintext_remote = true'))
+    c = load_config(
+        AgentConfig, _write(tmp_path, 'controller = "10.1.2.3:7700"\nallow_plaintext_remote = true')
+    )
     assert c.controller == "10.1.2.3:7700"
 
 
 def test_daemon_bad_config_prints_one_line_and_exits_2(tmp_path):
     done = subprocess.run(
         AGENT + ["--config", str(_write(tmp_path, 'fallback = "panic"'))],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "'fallback'" in lines[0]
-    done = subprocess.run(AGENT + ["--controller", "nohost"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        AGENT + ["--controller", "nohost"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and "--controller" in done.stderr
 
 
@@ -72,11 +86,21 @@ def test_daemon_serves_metrics_and_stops_cleanly_on_sigterm(tmp_path):
     port = free_port()
     sock = tmp_path / "agent.sock"
     proc = subprocess.Popen(
-        AGENT + [
-            "--dry-run", "--metrics", f"127.0.0.1:{port}", "--socket", str(sock),
-            "--controller", f"127.0.0.1:{free_port()}", "--slot-seconds", "1",
+        AGENT
+        + [
+            "--dry-run",
+            "--metrics",
+            f"127.0.0.1:{port}",
+            "--socket",
+            str(sock),
+            "--controller",
+            f"127.0.0.1:{free_port()}",
+            "--slot-seconds",
+            "1",
         ],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
 
@@ -90,7 +114,8 @@ def test_daemon_serves_metrics_and_stops_cleanly_on_sigterm(tmp_path):
         assert wait_for(lambda: "dsched_agent_threads_managed" in scrape(), timeout=30)
         text = scrape()
         for name in (
-            "dsched_agent_cap_writes_total", "dsched_agent_reports_dropped_total",
+            "dsched_agent_cap_writes_total",
+            "dsched_agent_reports_dropped_total",
             "dsched_agent_connected 0.0",
         ):
             assert name in text

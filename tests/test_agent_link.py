@@ -29,8 +29,13 @@ def _dry_agent(**kw) -> NodeAgent:
 
 def _link(agent: NodeAgent, port: int, buffer_size: int = 360) -> ControllerLink:
     return ControllerLink(
-        agent, f"127.0.0.1:{port}", buffer_size=buffer_size, backoff_initial=0.05,
-        backoff_max=0.3, connect_timeout=0.5, rng=random.Random(1),
+        agent,
+        f"127.0.0.1:{port}",
+        buffer_size=buffer_size,
+        backoff_initial=0.05,
+        backoff_max=0.3,
+        connect_timeout=0.5,
+        rng=random.Random(1),
     )
 
 
@@ -116,7 +121,10 @@ def test_directive_rejections_unknown_instance_out_of_bounds_and_stale_epoch():
         ack = controller.acks[0]
         assert ack.epoch == 5 and ack.applied == 1 and not ack.stale
         assert [r.reason for r in ack.rejected] == [
-            "unknown_instance", "cap_out_of_bounds", "cap_out_of_bounds", "cap_out_of_bounds",
+            "unknown_instance",
+            "cap_out_of_bounds",
+            "cap_out_of_bounds",
+            "cap_out_of_bounds",
             "unknown_instance",
         ]
         assert agent.caps == {InstanceKey("wc", "split", 0): 0.5}
@@ -125,8 +133,13 @@ def test_directive_rejections_unknown_instance_out_of_bounds_and_stale_epoch():
         assert controller.acks[1].stale and controller.acks[1].applied == 0
         assert agent.caps == {InstanceKey("wc", "split", 0): 0.5}
         assert _metric(agent, "dsched_agent_rejected_directives_total", reason="stale_epoch") == 1
-        assert _metric(agent, "dsched_agent_rejected_directives_total", reason="unknown_instance") == 2
-        assert _metric(agent, "dsched_agent_rejected_directives_total", reason="cap_out_of_bounds") == 3
+        assert (
+            _metric(agent, "dsched_agent_rejected_directives_total", reason="unknown_instance") == 2
+        )
+        assert (
+            _metric(agent, "dsched_agent_rejected_directives_total", reason="cap_out_of_bounds")
+            == 3
+        )
         # Cap 0 means "remove the cap", not "out of bounds".
         controller.send_caps(6, [("wc", "split", 0, 0.0)])
         assert wait_for(lambda: len(controller.acks) == 3)
@@ -142,8 +155,11 @@ def v1_agent(cgroup_v1_cpu: Path):
     root = unique_root()
     agent = NodeAgent(
         AgentConfig(
-            cgroup_mode="v1", cgroup_mount=str(cgroup_v1_cpu), cgroup_root=root,
-            slot_seconds=1, lease_epochs=2,
+            cgroup_mode="v1",
+            cgroup_mount=str(cgroup_v1_cpu),
+            cgroup_root=root,
+            slot_seconds=1,
+            lease_epochs=2,
         )
     )
     t = WorkerThread()

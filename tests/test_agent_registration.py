@@ -17,8 +17,13 @@ from agent.socket_server import RegistrationServer
 from tests.test_agent_support import WorkerThread, wait_for
 
 COUNTERS = dict(
-    received=10, executed=8, emitted=16, queue_length=2,
-    latency_sum_seconds=0.5, latency_count=8, service_seconds=0.1,
+    received=10,
+    executed=8,
+    emitted=16,
+    queue_length=2,
+    latency_sum_seconds=0.5,
+    latency_count=8,
+    service_seconds=0.1,
 )
 
 
@@ -43,9 +48,12 @@ def _raw(path, *messages) -> list[dict]:
 
 
 def _rejected(agent, reason) -> float:
-    return agent.metrics.registry.get_sample_value(
-        "dsched_agent_rejected_instance_messages_total", {"reason": reason}
-    ) or 0.0
+    return (
+        agent.metrics.registry.get_sample_value(
+            "dsched_agent_rejected_instance_messages_total", {"reason": reason}
+        )
+        or 0.0
+    )
 
 
 def test_client_registers_thread_and_counters_reach_the_report(served):
@@ -82,7 +90,11 @@ def test_nan_and_backwards_counters_are_rejected_counted_and_last_good_kept(serv
         assert client.flush()
         client.update("wc", "split", 0, **{**COUNTERS, "emitted": -1})
         assert client.flush()
-        assert [r["reason"] for r in client.rejections] == ["non_finite", "counter_backwards", "negative"]
+        assert [r["reason"] for r in client.rejections] == [
+            "non_finite",
+            "counter_backwards",
+            "negative",
+        ]
         assert _rejected(agent, "non_finite") == 1
         assert _rejected(agent, "counter_backwards") == 1
         counters = agent.registry.get(InstanceKey("wc", "split", 0)).counters
@@ -96,15 +108,27 @@ def test_nan_and_backwards_counters_are_rejected_counted_and_last_good_kept(serv
 
 @pytest.mark.parametrize(
     "field,value",
-    [("app", ".."), ("app", "a/b"), ("operator", "../../etc"), ("worker", "w\x00x"), ("app", "x\x00")],
+    [
+        ("app", ".."),
+        ("app", "a/b"),
+        ("operator", "../../etc"),
+        ("worker", "w\x00x"),
+        ("app", "x\x00"),
+    ],
 )
 def test_registration_with_unsafe_names_is_refused(served, field, value):
     agent, _server, path = served
     t = WorkerThread()
     try:
         msg = {
-            "op": "register", "app": "wc", "operator": "count", "instance": 0,
-            "worker": "w1", "stateful": False, "pid": os.getpid(), "tid": t.tid,
+            "op": "register",
+            "app": "wc",
+            "operator": "count",
+            "instance": 0,
+            "worker": "w1",
+            "stateful": False,
+            "pid": os.getpid(),
+            "tid": t.tid,
         }
         msg[field] = value
         (reply,) = _raw(path, msg)
@@ -113,7 +137,13 @@ def test_registration_with_unsafe_names_is_refused(served, field, value):
         assert _rejected(agent, "bad_name") == 1
         client = AgentClient(str(path))
         try:
-            args = {"app": "wc", "operator": "count", "instance": 0, "worker": "w1", "stateful": False}
+            args = {
+                "app": "wc",
+                "operator": "count",
+                "instance": 0,
+                "worker": "w1",
+                "stateful": False,
+            }
             args[field] = value
             with pytest.raises(ValueError):
                 client.register(**args)
@@ -132,15 +162,44 @@ def test_malformed_messages_get_an_answer_and_do_not_kill_the_connection(served)
             ["not", "an", "object"],
             {"op": "explode"},
             {"op": "update", "app": "wc", "operator": "nope", "instance": 0, **COUNTERS},
-            {"op": "register", "app": "wc", "operator": "c", "instance": -1, "worker": "w",
-             "stateful": False, "pid": os.getpid(), "tid": t.tid},
-            {"op": "register", "app": "wc", "operator": "c", "instance": 0, "worker": "w",
-             "stateful": False, "pid": os.getpid(), "tid": 2**22 + 3},
-            {"op": "register", "app": "wc", "operator": "c", "instance": 0, "worker": "w",
-             "stateful": False, "pid": os.getpid(), "tid": t.tid},
+            {
+                "op": "register",
+                "app": "wc",
+                "operator": "c",
+                "instance": -1,
+                "worker": "w",
+                "stateful": False,
+                "pid": os.getpid(),
+                "tid": t.tid,
+            },
+            {
+                "op": "register",
+                "app": "wc",
+                "operator": "c",
+                "instance": 0,
+                "worker": "w",
+                "stateful": False,
+                "pid": os.getpid(),
+                "tid": 2**22 + 3,
+            },
+            {
+                "op": "register",
+                "app": "wc",
+                "operator": "c",
+                "instance": 0,
+                "worker": "w",
+                "stateful": False,
+                "pid": os.getpid(),
+                "tid": t.tid,
+            },
         )
         assert [r.get("reason") for r in replies] == [
-            "bad_message", "bad_message", "unknown_instance", "bad_field", "no_such_thread", None,
+            "bad_message",
+            "bad_message",
+            "unknown_instance",
+            "bad_field",
+            "no_such_thread",
+            None,
         ]
         assert len(agent.registry) == 1
     finally:
@@ -167,7 +226,9 @@ def test_client_without_agent_never_blocks_and_registers_once_agent_appears(tmp_
             server2 = RegistrationServer(path, agent2)
             server2.start()
             try:
-                assert wait_for(lambda: agent2.registry.get(InstanceKey("wc", "count", 0)) is not None)
+                assert wait_for(
+                    lambda: agent2.registry.get(InstanceKey("wc", "count", 0)) is not None
+                )
                 assert client.connections >= 2
             finally:
                 server2.stop()
@@ -184,8 +245,16 @@ def test_non_root_peer_may_not_register_foreign_threads(served):
     try:
         from agent.socket_server import handle_message
 
-        msg = {"op": "register", "app": "wc", "operator": "c", "instance": 0, "worker": "w",
-               "stateful": False, "pid": os.getpid(), "tid": t.tid}
+        msg = {
+            "op": "register",
+            "app": "wc",
+            "operator": "c",
+            "instance": 0,
+            "worker": "w",
+            "stateful": False,
+            "pid": os.getpid(),
+            "tid": t.tid,
+        }
         reply = handle_message(agent, msg, peer_pid=os.getpid() + 1, peer_uid=1000)
         assert reply == {"ok": False, "reason": "pid_mismatch", "error": reply["error"]}
         assert handle_message(agent, msg, peer_pid=os.getpid(), peer_uid=1000) == {"ok": True}

@@ -106,9 +106,9 @@ class RecordingController(pb_grpc.AgentServiceServicer):
             try:
                 for msg in request_iterator:
                     kind = msg.WhichOneof("body")
-                    getattr(self, {"hello": "hellos", "report": "reports", "ack": "acks"}[kind]).append(
-                        getattr(msg, kind)
-                    )
+                    getattr(
+                        self, {"hello": "hellos", "report": "reports", "ack": "acks"}[kind]
+                    ).append(getattr(msg, kind))
             except grpc.RpcError:
                 pass
 

@@ -324,7 +324,7 @@ class LiveTopology:
         for inst in self.all_instances():
             self._client.register(
                 self.spec.app, inst.spec.name, inst.index, inst.worker, inst.spec.stateful,
-                tid=inst.native_id,
+                tid=inst.native_id, upstream=inst.spec.upstream,
             )
 
     def _report(self) -> None:

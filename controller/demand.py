@@ -1,0 +1,182 @@
+"""Latency-targeted demand (DESIGN §4 step 3), as one more estimator wrapper.
+
+An application's latency target is split over its operators in proportion to
+their CPU cost per tuple along the heaviest (critical) path through each
+operator: ``budget_j = target * kappa_j / sum of kappa on the heaviest
+source-to-sink path through j``. On the critical path itself the budgets add up
+to the target exactly. :class:`WithLatencyTarget` then raises each instance's
+demand to the smallest cap whose Allen–Cunneen waiting time plus service time
+meets the operator's budget (service rate per instance ``mu = cap / kappa``).
+The wrapped estimator's demand (the rate demand psi * kappa / T) stays the floor,
+and the usual composition adds the backlog drain and the minimum cap around it:
+
+    WithFloor(WithBacklogDrain(WithLatencyTarget(RateDemand(), budgets), ...), ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from controller.model import InstanceKey, OperatorKey, topological_order
+from controller.pipeline import DemandEstimator, InstanceDemand, OperatorForecast, OperatorView
+from predict.queueing import min_service_rate_for_sojourn
+
+# A thread cannot use more than one core: a cap above it buys no latency.
+MAX_INSTANCE_CORES = 1.0
+
+
+def critical_path_weights(
+    parents: Mapping[str, tuple[str, ...]], cost: Mapping[str, float]
+) -> dict[str, float]:
+    """Per operator: total cost of the heaviest source-to-sink path through it."""
+    order = topological_order(parents)
+    children: dict[str, list[str]] = {op: [] for op in order}
+    for op in order:
+        for p in parents.get(op, ()):
+            if p in children:
+                children[p].append(op)
+    up: dict[str, float] = {}
+    for op in order:
+        ps = [p for p in parents.get(op, ()) if p in up]
+        up[op] = cost[op] + max((up[p] for p in ps), default=0.0)
+    down: dict[str, float] = {}
+    for op in reversed(order):
+        down[op] = cost[op] + max((down[c] for c in children[op]), default=0.0)
+    return {op: up[op] + down[op] - cost[op] for op in order}
+
+
+def latency_budgets(
+    views: Mapping[OperatorKey, OperatorView],
+    forecasts: Mapping[OperatorKey, OperatorForecast],
+    targets_seconds: Mapping[str, float],
+) -> dict[OperatorKey, float]:
+    """Each operator's share (seconds) of its application's latency target."""
+    by_app: dict[str, list[OperatorKey]] = {}
+    for key in views:
+        by_app.setdefault(key.app, []).append(key)
+    out: dict[OperatorKey, float] = {}
+    for app, keys in by_app.items():
+        target = targets_seconds.get(app)
+        if target is None:
+            continue
+        kappa = {k.operator: max(forecasts[k].kappa, 0.0) for k in keys}
+        top = max(kappa.values(), default=0.0)
+        # An operator with no measured cost still takes a sliver of the target.
+        cost = {op: (max(c, 1e-3 * top) if top > 0 else 1.0) for op, c in kappa.items()}
+        known = set(kappa)
+        parents = {k.operator: tuple(p for p in views[k].upstream if p in known) for k in keys}
+        through = critical_path_weights(parents, cost)
+        for k in keys:
+            out[k] = target * cost[k.operator] / through[k.operator]
+    return out
+
+
+@dataclass
+class WithLatencyTarget:
+    """Raise demand to the smallest cap that meets the operator's latency budget."""
+
+    inner: DemandEstimator
+    budgets: Mapping[OperatorKey, float]
+    ca2: float = 1.0
+    cs2: float = 1.0
+
+    def estimate(self, view: OperatorView, fc: OperatorForecast) -> dict[InstanceKey, InstanceDemand]:
+        base = self.inner.estimate(view, fc)
+        budget = self.budgets.get(view.key)
+        if budget is None or fc.kappa <= 0 or fc.rate <= 0 or not base:
+            return base
+        need = fc.kappa * min_service_rate_for_sojourn(
+            budget, fc.rate, len(view.instances), self.ca2, self.cs2
+        )
+        reason = "latency"
+        if need > MAX_INSTANCE_CORES:
+            need, reason = MAX_INSTANCE_CORES, "latency-unreachable"
+        return {
+            k: d if d.cores >= need else InstanceDemand(k, d.node, need, reason)
+            for k, d in base.items()
+        }
+
+
+def app_latency_models(
+    views: Mapping[OperatorKey, OperatorView],
+    forecasts: Mapping[OperatorKey, OperatorForecast],
+    demands: Mapping[InstanceKey, InstanceDemand],
+    floor_cores: float,
+    ca2: float = 1.0,
+    cs2: float = 1.0,
+):
+    """Per application, the model that predicts its latency from the CPU it gets
+    beyond the floors (shared between operators in proportion to their demand)."""
+    import numpy as np
+
+    from controller.allocation import AppLatencyModel
+
+    by_app: dict[str, list[OperatorKey]] = {}
+    for key in views:
+        by_app.setdefault(key.app, []).append(key)
+    models = {}
+    for app, keys in by_app.items():
+        names = topological_order({k.operator: views[k].upstream for k in keys})
+        ordered = [OperatorKey(app, n) for n in names]
+        index = {k.operator: i for i, k in enumerate(ordered)}
+        extra = np.array([
+            sum(max(demands[i].cores - floor_cores, 0.0) for i in views[k].instances) for k in ordered
+        ])
+        floors = np.array([
+            sum(min(demands[i].cores, floor_cores) for i in views[k].instances) for k in ordered
+        ])
+        total = extra.sum()
+        models[app] = AppLatencyModel(
+            arrival_rate=np.array([forecasts[k].rate for k in ordered]),
+            instances=np.array([len(views[k].instances) for k in ordered], dtype=float),
+            kappa=np.array([forecasts[k].kappa for k in ordered]),
+            share=extra / total if total > 0 else np.full(len(ordered), 1.0 / len(ordered)),
+            parents=tuple(
+                tuple(index[p] for p in views[k].upstream if p in index) for k in ordered
+            ),
+            floor_cores=floors,
+            ca2=ca2,
+            cs2=cs2,
+        )
+    return models
+
+
+def estimate_latency_seconds(
+    views: Mapping[OperatorKey, OperatorView],
+    forecasts: Mapping[OperatorKey, OperatorForecast],
+    caps: Mapping[InstanceKey, float],
+    ca2: float = 1.0,
+    cs2: float = 1.0,
+) -> dict[str, float]:
+    """Allen–Cunneen critical-path latency of each application under ``caps``
+    (inf when an operator's caps cannot keep up with its predicted arrivals)."""
+    import numpy as np
+
+    from controller.allocation import AppLatencyModel
+
+    by_app: dict[str, list[OperatorKey]] = {}
+    for key in views:
+        by_app.setdefault(key.app, []).append(key)
+    out = {}
+    for app, keys in by_app.items():
+        names = topological_order({k.operator: views[k].upstream for k in keys})
+        ordered = [OperatorKey(app, n) for n in names]
+        index = {k.operator: i for i, k in enumerate(ordered)}
+        model = AppLatencyModel(
+            arrival_rate=np.array([forecasts[k].rate for k in ordered]),
+            instances=np.array([len(views[k].instances) for k in ordered], dtype=float),
+            kappa=np.array([forecasts[k].kappa for k in ordered]),
+            share=np.zeros(len(ordered)),
+            parents=tuple(
+                tuple(index[p] for p in views[k].upstream if p in index) for k in ordered
+            ),
+            floor_cores=np.array([
+                sum(min(caps.get(i, MAX_INSTANCE_CORES), MAX_INSTANCE_CORES) for i in views[k].instances)
+                for k in ordered
+            ]),
+            ca2=ca2,
+            cs2=cs2,
+        )
+        out[app] = float(model.latency_seconds(np.zeros(1))[0])
+    return out

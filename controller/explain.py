@@ -1,0 +1,160 @@
+"""Decision records and the stories told from them.
+
+:func:`build_record` turns one epoch's stages into the JSON-able decision record
+(inputs, predictions, demand by reason, the DP result, what was cut and why,
+the node recommendation). It goes to SQLite, `dschedctl plan` and /metrics.
+:func:`explain_lines` tells one application's story over the last epochs for
+`dschedctl explain APP`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from controller.model import InstanceKey, OperatorKey
+
+
+def _ms(seconds: float | None) -> float | None:
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return 1000.0 * seconds
+
+
+def build_record(
+    *,
+    epoch: int,
+    now: float,
+    mode: str,
+    slot_seconds: float,
+    views: Mapping[OperatorKey, Any],
+    forecasts: Mapping[OperatorKey, Any],
+    demands: Mapping[InstanceKey, Any],
+    alloc: Any,
+    steps: Mapping[InstanceKey, Any],
+    classes: Mapping[str, Any],
+    budgets: Mapping[OperatorKey, float],
+    estimates: Mapping[str, float],
+    predicted_violation: Mapping[str, float],
+    capacity: Mapping[str, float],
+    room: Mapping[str, float],
+    placement: dict[str, Any],
+    actuator: str,
+    acted: Any,
+    rejected: dict[str, int],
+) -> dict[str, Any]:
+    operators = []
+    measured: dict[str, float] = {}
+    for op, v in views.items():
+        fc = forecasts[op]
+        if v.latency_ms is not None:
+            # End-to-end latency is reported where root tuples complete (sinks).
+            measured[op.app] = max(measured.get(op.app, 0.0), v.latency_ms)
+        operators.append({
+            "app": op.app, "operator": op.operator, "instances": len(v.instances),
+            "arrival_rate": float(v.arrivals[-1]) if len(v.arrivals) else 0.0,
+            "predicted_rate": fc.rate, "predictor": fc.predictor,
+            "candidates": fc.candidates, "kappa": fc.kappa,
+            "selectivity": v.selectivity,
+            "demand_cores": sum(demands[k].cores for k in v.instances),
+            "cap_cores": sum(steps[k].cap for k in v.instances),
+            "usage_cores": v.usage_cores,
+            "queue": float(v.queue[-1]) if len(v.queue) else 0.0,
+            "latency_ms": v.latency_ms, "service_ms": v.service_ms,
+            "latency_budget_ms": _ms(budgets.get(op)),
+            "reason": ", ".join(sorted({demands[k].reason for k in v.instances})),
+        })
+    instances = []
+    cuts = []
+    for k, s in sorted(steps.items()):
+        d = demands[k]
+        view = views[k.operator_key]
+        cut = alloc.cut.get(k, 0.0)
+        instances.append({
+            "app": k.app, "operator": k.operator, "instance": k.instance, "node": d.node,
+            "demand_cores": d.cores, "demand_reason": d.reason,
+            "allocated_cores": alloc.cores[k], "cut_cores": cut,
+            "cap_cores": s.cap, "hysteresis": s.reason,
+            "usage_cores": view.usage_by_instance.get(k, 0.0),
+            "cap_in_force": view.cap_by_instance.get(k),
+            "throttled_seconds": view.throttled_by_instance.get(k),
+            "queue": view.queue_by_instance.get(k, 0.0),
+        })
+        if cut > 1e-9:
+            cuts.append({
+                "app": k.app, "operator": k.operator, "instance": k.instance, "node": d.node,
+                "cut_cores": cut, "reason": alloc.cut_reason.get(k, ""),
+            })
+    caps_by_app: dict[str, float] = {}
+    for k, s in steps.items():
+        caps_by_app[k.app] = caps_by_app.get(k.app, 0.0) + s.cap
+    apps = []
+    for app, a in sorted(alloc.apps.items()):
+        qos = classes[app]
+        lat = measured.get(app)
+        apps.append({
+            "app": app, "class": qos.name, "weight": qos.weight,
+            "target_ms": qos.target_latency_ms, "max_violation_ratio": qos.max_violation_ratio,
+            "demand_cores": a.demand_cores, "floor_cores": a.floor_cores,
+            "allocated_cores": a.allocated_cores, "cap_cores": caps_by_app.get(app, 0.0),
+            "cut_cores": a.cut_cores, "dp_units": a.dp_units,
+            "latency_ms": lat, "latency_estimate_ms": _ms(estimates.get(app)),
+            "predicted_violation_ratio": predicted_violation.get(app),
+            "violation": lat is not None and lat > qos.target_latency_ms,
+        })
+    dp = alloc.dp
+    rec = alloc.recommendation
+    return {
+        "epoch": epoch, "timestamp": now, "mode": mode, "slot_seconds": slot_seconds,
+        "capacity_cores": dict(capacity), "usable_cores": dict(room),
+        "operators": operators, "instances": instances, "apps": apps, "cuts": cuts,
+        "dp": None if dp is None else {
+            "unit_cores": dp.unit_cores, "capacity_units": dp.capacity_units,
+            "value": dp.value, "seconds": dp.seconds, "solved": dp.solved,
+        },
+        "node_recommendation": None if rec is None else {
+            "nodes_delta": rec.nodes_delta, "gain": rec.gain, "value_now": rec.value_now,
+            "value_one_more": rec.value_one_more, "value_one_fewer": rec.value_one_fewer,
+            "reason": rec.reason,
+        },
+        "placement": placement,
+        "notes": alloc.notes,
+        "actuator": actuator, "sent": acted.sent, "unreachable": acted.unreachable,
+        "rejected": rejected,
+    }
+
+
+def _f(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def explain_lines(app: str, records: list[dict[str, Any]]) -> list[str]:
+    """One line per epoch (plus one per cut) telling what ``app`` asked for, got and why."""
+    lines = []
+    for rec in records:
+        row = next((a for a in rec.get("apps", []) if a["app"] == app), None)
+        if row is None:
+            continue
+        verdict = "VIOLATION" if row["violation"] else "ok"
+        lines.append(
+            f"epoch {rec['epoch']} ({rec['mode']}): {app} class {row['class']} "
+            f"(weight {row['weight']:g}, target {row['target_ms']:g} ms) "
+            f"demand {row['demand_cores']:.2f} cores, allocated {row['allocated_cores']:.2f}, "
+            f"caps {row['cap_cores']:.2f}; latency measured {_f(row['latency_ms'], 1)} ms, "
+            f"estimated {_f(row['latency_estimate_ms'], 1)} ms -> {verdict}"
+        )
+        reasons = sorted({o["reason"] for o in rec["operators"] if o["app"] == app})
+        if reasons:
+            lines.append(f"  demand set by: {', '.join(reasons)}")
+        cut = [c for c in rec.get("cuts", []) if c["app"] == app]
+        if cut:
+            total = sum(c["cut_cores"] for c in cut)
+            why = sorted({c["reason"] for c in cut})
+            lines.append(f"  cut {total:.2f} cores over {len(cut)} instance(s): {'; '.join(why)}")
+        rec_node = rec.get("node_recommendation")
+        if rec_node and rec_node["nodes_delta"]:
+            lines.append(f"  cluster: {rec_node['reason']}")
+    if not lines:
+        lines.append(f"{app}: no decision in the last {len(records)} epoch(s) mentions it")
+    return lines

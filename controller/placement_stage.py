@@ -1,0 +1,185 @@
+"""Step 7 of the epoch: decide whether placement must act, and plan it.
+
+The controller calls :func:`plan_placement` once per epoch, after caps are
+decided, with the decision record it already builds (``Controller._record``)::
+
+    from controller.placement import get_strategy
+    from controller.placement_stage import plan_placement, current_from_histories
+
+    strategy = get_strategy(config.placement)            # once, at start
+    plan = plan_placement(
+        record,                                          # this epoch's record
+        capacity=self.state.node_capacity(),             # node -> cores
+        current=current_from_histories(self.state.histories),
+        strategy=strategy,
+        headroom_cores=config.headroom_cores,
+        dags={app: t.edges() for app, t in self.state.topologies.items()},  # optional
+    )
+    if plan is not None:
+        record["placement"] = placement_summary(plan)
+        result = move_actuator.execute(plan)             # controller.migration
+        record["placement"]["result"] = result.to_dict()
+
+It returns a plan only when a node's predicted demand exceeds its capacity
+minus headroom, an instance sits on a node that is gone, or a node's whole
+demand fits in the spare room of the others (it can be emptied); and only
+when that plan moves something. Otherwise it returns None and the epoch
+moves nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from controller.placement import get_strategy
+from controller.placement.common import PlacementStrategy
+from controller.placement.model import (
+    EPSILON_CORES,
+    ClusterState,
+    Instance,
+    Node,
+    Plan,
+    Worker,
+    instance_id,
+)
+
+#: Where each instance runs now, from the controller's histories: id -> (worker, stateful).
+Current = Mapping[str, tuple[str, bool]]
+
+
+def current_from_histories(histories: Mapping[Any, Any]) -> dict[str, tuple[str, bool]]:
+    """``current`` for :func:`plan_placement` from ``controller.state.ClusterState.histories``."""
+    return {
+        instance_id(k.app, k.operator, k.instance): (h.worker, bool(h.stateful))
+        for k, h in histories.items()
+    }
+
+
+def build_cluster_state(
+    record: Mapping[str, Any],
+    capacity: Mapping[str, float],
+    current: Current,
+    *,
+    dags: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    traffic: Mapping[tuple[str, str], float] | None = None,
+    demand_field: str = "demand_cores",
+) -> ClusterState:
+    """The planner's input from a decision record; ValueError naming what is wrong."""
+    rows = record.get("instances")
+    if not isinstance(rows, list):
+        raise ValueError("record['instances'] must be a list")
+    instances, workers = [], {}
+    for i, row in enumerate(rows):
+        try:
+            app, op, index, node = row["app"], row["operator"], row["instance"], row["node"]
+            demand = row[demand_field]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"record['instances'][{i}] lacks {exc}") from None
+        iid = instance_id(app, op, index)
+        if iid not in current:
+            raise ValueError(f"current has no worker for instance {iid}")
+        worker, stateful = current[iid]
+        instances.append(Instance(app, op, index, demand, stateful, worker, node))
+        known = workers.get(worker)
+        if known is None:
+            workers[worker] = Worker(worker, app, node, stateful)
+        elif known.node != node or known.stateful != stateful:
+            # Per node one worker of each kind: a name seen on two nodes or with
+            # both kinds is a mixed worker.
+            workers[worker] = Worker(worker, app, known.node, None)
+    return ClusterState(
+        nodes=tuple(Node(node, cores) for node, cores in capacity.items()),
+        instances=tuple(instances),
+        workers=tuple(workers.values()),
+        dags={a: tuple(tuple(e) for e in edges) for a, edges in (dags or {}).items()},
+        traffic=dict(traffic or {}),
+    )
+
+
+def placement_needed(
+    state: ClusterState, headroom_cores: float, scale_in: bool = True
+) -> list[str]:
+    """Why placement must run this epoch (empty: it need not).
+
+    With ``scale_in`` False a node that could be emptied is no reason to plan.
+    """
+    reasons = []
+    load = dict.fromkeys(state.node_ids, 0.0)
+    for inst in state.instances:
+        if inst.node in load:
+            load[inst.node] += inst.demand_cores
+    for node, used in load.items():
+        if used > state.capacity(node, headroom_cores) + EPSILON_CORES:
+            reasons.append(
+                f"node {node} over capacity: {used:.2f} > "
+                f"{state.capacity(node, headroom_cores):.2f} cores"
+            )
+    displaced = state.displaced()
+    if displaced:
+        reasons.append(f"{len(displaced)} instances on nodes that are gone")
+    spare = {n: state.capacity(n, headroom_cores) - load[n] for n in load}
+    for node, used in sorted(load.items(), key=lambda kv: kv[1]):
+        if used <= 0 or not scale_in:
+            continue
+        room = sum(max(0.0, s) for n, s in spare.items() if n != node and load[n] > 0)
+        if used <= room + EPSILON_CORES:
+            reasons.append(f"node {node} ({used:.2f} cores) can be emptied")
+            break
+    return reasons
+
+
+def plan_placement(
+    record: Mapping[str, Any],
+    capacity: Mapping[str, float],
+    current: Current,
+    strategy: PlacementStrategy | str = "liu",
+    *,
+    headroom_cores: float = 0.0,
+    dags: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    traffic: Mapping[tuple[str, str], float] | None = None,
+    demand_field: str = "demand_cores",
+    scale_in: bool = True,
+) -> Plan | None:
+    """A plan when placement must act and the strategy moves something, else None.
+
+    ``scale_in`` False: only overload and vanished nodes trigger a plan (pass a
+    strategy built without scale in too, e.g. ``get_strategy("liu", scale_in=False)``).
+    """
+    if isinstance(headroom_cores, bool) or not isinstance(headroom_cores, int | float) or not (
+        headroom_cores >= 0
+    ):
+        raise ValueError(f"headroom_cores must be a number >= 0, got {headroom_cores!r}")
+    if isinstance(strategy, str):
+        strategy = get_strategy(strategy)
+    state = build_cluster_state(
+        record, capacity, current, dags=dags, traffic=traffic, demand_field=demand_field
+    )
+    why = placement_needed(state, headroom_cores, scale_in)
+    if not why:
+        return None
+    plan = strategy.plan(state, headroom_cores=headroom_cores)
+    if not plan.moves:
+        return None
+    return replace(plan, reasons=(*why, *plan.reasons))
+
+
+def placement_summary(plan: Plan) -> dict[str, Any]:
+    """What goes into the decision record (and the demo JSON) about a plan."""
+    return {
+        "strategy": plan.strategy,
+        "moves": [
+            {
+                "instance": m.instance, "from_node": m.from_node, "to_node": m.to_node,
+                "from_worker": m.from_worker, "to_worker": m.to_worker, "stateful": m.stateful,
+            }
+            for m in plan.moves
+        ],
+        "affected_workers": len(plan.affected_workers),
+        "affected_stateful_workers": len(plan.affected_stateful_workers),
+        "stateful_moves": plan.stateful_moves,
+        "nodes_used": plan.nodes_used,
+        "feasible": plan.feasible,
+        "reasons": list(plan.reasons),
+    }

@@ -1,0 +1,143 @@
+"""The live testbed's move endpoint: the controller's ``TestbedMoveActuator`` talks to it.
+
+A small JSON-over-HTTP server on loopback (``http.server``), because the
+controller is a separate process:
+
+- ``POST /moves`` with a plan (``controller.migration.plan_to_dict``): every
+  move is handed to the :class:`DistributedTopology` of its application (the
+  first component of the instance id); the reply merges their
+  ``MigrationResult``s. Moves of unknown applications are refused with the
+  reason. A malformed plan gets HTTP 400 naming the field; nothing moves.
+- ``GET /placement``: instance id -> [worker, node] for every application.
+
+Moves are executed one request at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from controller.migration import plan_from_dict
+from controller.placement.model import Plan
+from testbed.live.distributed import DistributedTopology, MigrationResult
+
+log = logging.getLogger(__name__)
+
+#: Largest plan accepted, in bytes (a plan for thousands of instances is far smaller).
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def execute_plan(topologies: Mapping[str, DistributedTopology], plan: Plan) -> dict[str, Any]:
+    """Run ``plan`` on the topologies it names; the merged result as a dict."""
+    merged = MigrationResult()
+    by_app: dict[str, list] = {}
+    for move in plan.moves:
+        app = move.instance.split("/", 1)[0]
+        if app not in topologies:
+            merged.refused[move.instance] = f"application {app!r} is not running in this testbed"
+        else:
+            by_app.setdefault(app, []).append(move)
+    for app, moves in by_app.items():
+        r = topologies[app].migrate(replace(plan, moves=tuple(moves)))
+        merged.moved += r.moved
+        merged.restarted += r.restarted
+        merged.rolled_back.update(r.rolled_back)
+        merged.refused.update(r.refused)
+        merged.affected_workers += r.affected_workers
+        merged.started_workers += r.started_workers
+        merged.stopped_workers += r.stopped_workers
+        merged.pause_seconds = max(merged.pause_seconds, r.pause_seconds)
+    return {**merged.to_dict(), "executed": True}
+
+
+class MoveEndpoint:
+    """Serves the move endpoint for ``topologies`` (app -> topology) on ``host:port``."""
+
+    def __init__(
+        self,
+        topologies: Mapping[str, DistributedTopology],
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
+        self.topologies = topologies
+        self._serialize = threading.Lock()
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, fmt: str, *args: Any) -> None:
+                log.debug("move endpoint: " + fmt, *args)
+
+            def _reply(self, code: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                if self.path != "/placement":
+                    self._reply(404, {"error": f"no such path {self.path!r}"})
+                    return
+                placement = {}
+                for topo in endpoint.topologies.values():
+                    placement.update({k: list(v) for k, v in topo.placement().items()})
+                self._reply(200, placement)
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                if self.path != "/moves":
+                    self._reply(404, {"error": f"no such path {self.path!r}"})
+                    return
+                try:
+                    length = int(self.headers.get("Content-Length", "0"))
+                except ValueError:
+                    self._reply(400, {"error": "Content-Length must be an integer"})
+                    return
+                if not 0 < length <= MAX_BODY_BYTES:
+                    self._reply(400, {"error": f"body must be 1..{MAX_BODY_BYTES} bytes"})
+                    return
+                try:
+                    plan = plan_from_dict(json.loads(self.rfile.read(length)))
+                except (ValueError, TypeError) as exc:
+                    self._reply(400, {"error": f"bad plan: {exc}"})
+                    return
+                with endpoint._serialize:
+                    try:
+                        result = execute_plan(endpoint.topologies, plan)
+                    except Exception as exc:  # noqa: BLE001 - reported to the caller, logged here
+                        log.exception("executing a plan failed")
+                        self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})
+                        return
+                self._reply(200, result)
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, name="move-endpoint", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> MoveEndpoint:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> MoveEndpoint:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,725 @@
+"""One application over several "nodes": worker processes, a central router and acker, live moves.
+
+:class:`DistributedTopology` has the public API of ``engine.LiveTopology``
+(``start()``, ``stop(drain_timeout) -> TopologyStats``, ``stats()``) and adds
+``migrate(plan)``. Each instance runs as a thread in a worker process
+(``workers.py``): per node, one stateful and one stateless worker, each
+registering its instances' TIDs with that node's agent, so node capacity and
+per-instance caps are enforced by the real agents and cgroups.
+
+The driver (this object, in the calling process) is the router, in the way a
+Heron stream manager is: every tuple an instance emits goes back to the driver
+with the instance's acknowledgement, the driver acks it with the central
+:class:`~testbed.live.engine.Acker` (exact lost / duplicated counts by tuple id)
+and routes the children by shuffle or fields grouping. Because every tuple
+passes through one place, the driver keeps, per instance, an upstream backup:
+
+- ``unacked``: tuples sent to the instance and not yet reported done;
+- for stateful instances, the last state snapshot (``checkpoint``, taken every
+  ``checkpoint_seconds`` by a marker that travels in order with the tuples) and
+  ``replay``, the tuples done since that snapshot.
+
+That is what makes moves and failures exact:
+
+- a **move** pauses delivery to the moving instances (tuples for them are held
+  in order), drains them by a stop marker queued behind their in-flight
+  tuples, takes the final state, starts them in the target worker (started on
+  demand) with that state, re-registers their TIDs with the target node's agent
+  (the source worker unregisters them first), switches routing and releases
+  the held tuples;
+- if the **target worker dies half-way**, the move is rolled back: the
+  instance is started again in its source worker from the same state and the
+  tuples sent to the target are sent again from ``unacked``;
+- for an instance whose **node disappeared** (its worker process is gone), a
+  plan moving it elsewhere restarts it there from its last snapshot, re-applies
+  ``replay`` to the state only (those tuples were already acknowledged) and
+  re-sends ``unacked``. Nothing is lost and nothing is counted twice; tuples
+  for it are held meanwhile. A move *to* a node that is not in the testbed is
+  refused with the reason.
+
+An instance is never running twice: it is started in a new place only after
+its old incarnation has stopped or its process has died, and messages from an
+incarnation that is no longer current are ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import os
+import pickle
+import queue
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
+from typing import Any
+
+from controller.placement.model import Plan
+from testbed.live.engine import Acker, TopologySpec, TopologyStats, Tuple
+from testbed.live.workers import (
+    BATCH_SIZE,
+    FLUSH_SECONDS,
+    BatchingSender,
+    OperatorRuntime,
+    WorkerConfig,
+)
+
+log = logging.getLogger(__name__)
+
+InstanceRef = tuple[str, int]  # (operator, index)
+
+
+def worker_id(app: str, node: str, stateful: bool) -> str:
+    """The id of the stateful or stateless worker of ``app`` on ``node``."""
+    return f"{app}-{'stateful' if stateful else 'stateless'}-{node}"
+
+
+class WorkerHandle:
+    """The driver's side of one worker process."""
+
+    def __init__(self, wid: str, node: str, stateful: bool, process: subprocess.Popen):
+        self.id, self.node, self.stateful, self.process = wid, node, stateful, process
+        self.conn: Connection | None = None
+        self.out: BatchingSender | None = None
+        self.pid: int | None = None
+        self.alive = False
+        self.receiver: threading.Thread | None = None
+
+    def kill(self) -> None:
+        """SIGKILL the process, as a crash would."""
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@dataclass
+class InstanceSlot:
+    """The driver's record of one instance: where it runs and its upstream backup."""
+
+    op: str
+    index: int
+    stateful: bool
+    node: str
+    worker: WorkerHandle | None = None
+    paused: bool = False
+    held: list[tuple] = field(default_factory=list)
+    unacked: dict[tuple[int, tuple], tuple] = field(default_factory=dict)
+    checkpoint: dict = field(default_factory=dict)
+    replay: list[tuple] = field(default_factory=list)
+    replies: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+
+
+@dataclass
+class MigrationResult:
+    """What ``migrate`` did; reasons are keyed by instance id (``app/operator/index``)."""
+
+    moved: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)  # from a vanished node or dead worker
+    rolled_back: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    affected_workers: list[str] = field(default_factory=list)
+    started_workers: list[str] = field(default_factory=list)
+    stopped_workers: list[str] = field(default_factory=list)
+    pause_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class DistributedTopology:
+    """Runs one application's topology across worker processes on several nodes."""
+
+    def __init__(
+        self,
+        spec: TopologySpec,
+        rate: Callable[[float], float],
+        *,
+        nodes: Mapping[str, str | None],
+        placement: Mapping[str, str] | None = None,
+        timeout_seconds: float = 30.0,
+        seed: int = 0,
+        flush_seconds: float = FLUSH_SECONDS,
+        batch_size: int = BATCH_SIZE,
+        checkpoint_seconds: float = 1.0,
+        reply_timeout: float = 30.0,
+        listen: tuple[str, int] | None = None,
+    ):
+        """``nodes`` maps node id to its agent's registration socket (None: no agent).
+
+        ``placement`` maps instance ids (``app/operator/index``) to nodes;
+        unlisted instances start on the first node. Workers reach the driver on
+        a Unix socket, or on TCP at ``listen`` (host, port; port 0 picks one) when
+        nodes are network namespaces.
+        """
+        if not nodes:
+            raise ValueError("nodes must name at least one node")
+        if checkpoint_seconds <= 0:
+            raise ValueError(f"checkpoint_seconds must be > 0, got {checkpoint_seconds!r}")
+        self.spec, self.rate, self.seed = spec, rate, seed
+        self.nodes: dict[str, str | None] = dict(nodes)
+        self.flush_seconds, self.batch_size = flush_seconds, batch_size
+        self.checkpoint_seconds = checkpoint_seconds
+        self.reply_timeout = reply_timeout
+        self.listen = listen
+        self.acker = Acker(timeout_seconds)
+        self.children = {o.name: [c.name for c in spec.children(o.name)] for o in spec.operators}
+        self._runtimes = {
+            o.name: OperatorRuntime(o, len(self.children[o.name])) for o in spec.operators
+        }
+        self._grouping = {o.name: o.grouping for o in spec.operators}
+        self._parallelism = {o.name: o.parallelism for o in spec.operators}
+        placement = dict(placement or {})
+        first = next(iter(self.nodes))
+        self.slots: dict[InstanceRef, InstanceSlot] = {}
+        for o in spec.operators:
+            for i in range(o.parallelism):
+                iid = self.instance_id(o.name, i)
+                node = placement.pop(iid, first)
+                if node not in self.nodes:
+                    raise ValueError(f"placement of {iid} names unknown node {node!r}")
+                self.slots[(o.name, i)] = InstanceSlot(o.name, i, o.stateful, node)
+        if placement:
+            raise ValueError(f"placement names unknown instances: {sorted(placement)}")
+        self.workers: dict[str, WorkerHandle] = {}
+        self.traffic: dict[tuple[str, str], int] = {}
+        self.stray_acks = 0  # acks from an incarnation that is no longer current
+        self._lock = threading.RLock()
+        self._migrating = threading.Lock()
+        self._tmp = tempfile.TemporaryDirectory(prefix="dsched-dist-")
+        self._authkey = secrets.token_bytes(16)
+        self._listener: Listener | None = None
+        self._arrivals: dict[str, Connection] = {}
+        self._arrived = threading.Condition()
+        self._root_ids = itertools.count()
+        self._rr = {o.name: itertools.cycle(range(o.parallelism)) for o in spec.operators}
+        self._rng = random.Random(seed)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.started_at = 0.0
+        self.injected = 0
+        self._t0 = 0.0
+
+    # ------------------------------------------------------------ names
+    def instance_id(self, op: str, index: int) -> str:
+        return f"{self.spec.app}/{op}/{index}"
+
+    def placement(self) -> dict[str, tuple[str, str]]:
+        """Instance id -> (worker id, node) for every instance (the node it last ran on)."""
+        with self._lock:
+            return {
+                self.instance_id(*ref): (worker_id(self.spec.app, s.node, s.stateful), s.node)
+                for ref, s in self.slots.items()
+            }
+
+    def homeless(self) -> list[str]:
+        """Instances whose worker died and that no plan has placed again yet."""
+        with self._lock:
+            return [
+                self.instance_id(*ref)
+                for ref, s in self.slots.items()
+                if s.worker is None or not s.worker.alive
+            ]
+
+    def final_states(self) -> dict[str, dict]:
+        """State of every stateful instance: its last snapshot, final after ``stop()``."""
+        with self._lock:
+            return {
+                self.instance_id(*ref): copy.deepcopy(s.checkpoint)
+                for ref, s in self.slots.items()
+                if s.stateful
+            }
+
+    def traffic_rates(self) -> dict[tuple[str, str], float]:
+        """Measured tuples per second between instances since start."""
+        seconds = max(1e-9, time.monotonic() - self._t0) if self._t0 else 1.0
+        with self._lock:
+            return {k: n / seconds for k, n in self.traffic.items()}
+
+    # ------------------------------------------------------------ workers
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn = self._listener.accept()
+                hello = conn.recv()
+            except (OSError, EOFError):
+                if self._listener is None:
+                    return
+                continue
+            except Exception as exc:  # noqa: BLE001 - a bad peer must not stop the acceptor
+                if self._listener is None:
+                    return
+                log.warning("refused a worker connection: %s", exc)
+                continue
+            if not (isinstance(hello, tuple) and len(hello) == 3 and hello[0] == "hello"):
+                conn.close()
+                continue
+            with self._arrived:
+                self._arrivals[hello[1]] = conn
+                self._arrived.notify_all()
+
+    def _worker(self, node: str, stateful: bool) -> WorkerHandle:
+        """The live worker of that kind on ``node``, started if needed."""
+        wid = worker_id(self.spec.app, node, stateful)
+        handle = self.workers.get(wid)
+        if handle is not None and handle.alive:
+            return handle
+        if node not in self.nodes:
+            raise RuntimeError(f"node {node!r} is not in the testbed")
+        config = WorkerConfig(
+            worker_id=wid, app=self.spec.app, node=node, stateful=stateful,
+            address=self._listener.address, authkey=self._authkey,
+            operators=self._runtimes, agent_socket=self.nodes[node],
+            flush_seconds=self.flush_seconds, batch_size=self.batch_size, seed=self.seed,
+        )
+        # A fresh interpreter (not fork, not multiprocessing's spawn) so that the
+        # worker never re-imports the caller's main module and owns no copied locks.
+        process = subprocess.Popen(
+            [sys.executable, "-m", "testbed.live.workers"], stdin=subprocess.PIPE
+        )
+        process.stdin.write(pickle.dumps(config))
+        process.stdin.close()
+        handle = WorkerHandle(wid, node, stateful, process)
+        deadline = time.monotonic() + self.reply_timeout
+        with self._arrived:
+            while wid not in self._arrivals:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    process.kill()
+                    process.wait()
+                    raise RuntimeError(f"worker {wid} did not start (exit code {process.returncode})")
+                self._arrived.wait(0.05)
+            handle.conn = self._arrivals.pop(wid)
+        handle.pid = process.pid
+        handle.out = BatchingSender(
+            handle.conn, flush_seconds=self.flush_seconds, batch_size=self.batch_size,
+            name=f"driver->{wid}",
+        )
+        handle.alive = True
+        handle.receiver = threading.Thread(
+            target=self._receive, args=(handle,), name=f"driver<-{wid}", daemon=True
+        )
+        self.workers[wid] = handle
+        handle.receiver.start()
+        return handle
+
+    def _receive(self, handle: WorkerHandle) -> None:
+        conn = handle.conn
+        while True:
+            try:
+                batch = conn.recv()
+            except (EOFError, OSError):
+                break
+            for item in batch:
+                self._on_message(handle, item)
+        self._on_worker_gone(handle)
+
+    def _on_worker_gone(self, handle: WorkerHandle) -> None:
+        with self._lock:
+            handle.alive = False
+            if handle.out is not None:
+                handle.out.closed.set()
+            for slot in self.slots.values():
+                if slot.worker is handle:
+                    # Its tuples stay in ``unacked``; new ones are held until a
+                    # plan places the instance again.
+                    slot.worker = None
+                    slot.replies.put(("dead", handle))
+        if not self._stop.is_set():
+            log.warning("worker %s is gone", handle.id)
+
+    def _on_message(self, handle: WorkerHandle, item: tuple) -> None:
+        kind, op, index = item[0], item[1], item[2]
+        with self._lock:
+            slot = self.slots[(op, index)]
+            if slot.worker is not handle:
+                self.stray_acks += 1
+                return
+            if kind == "done":
+                _, _, _, root, tid, sent, now, out = item
+                raw = slot.unacked.pop((root, tid), None)
+                if raw is None:
+                    self.stray_acks += 1
+                    return
+                if slot.stateful:
+                    slot.replay.append(raw)
+                t = Tuple(*raw)
+                # Ack before routing, as in engine.py: the children must already be counted.
+                latency = self.acker.processed(t, sent, now)
+                if latency is not None:
+                    # The instance that completes a root reports its latency, as in engine.py.
+                    handle.out.put(("lat", op, index, latency))
+                src = self.instance_id(op, index)
+                for ci, child in enumerate(self.children[op]):
+                    for j, (key, value) in enumerate(out):
+                        dst = self._route(child, (root, (*tid, ci, j), t.created, key, value))
+                        pair = (src, self.instance_id(child, dst))
+                        self.traffic[pair] = self.traffic.get(pair, 0) + 1
+            elif kind == "checkpointed":
+                slot.checkpoint, slot.replay = item[3], []
+            elif kind == "stopped":
+                slot.checkpoint, slot.replay = item[3], []
+                slot.worker = None
+                slot.replies.put(("stopped", handle))
+            elif kind == "started":
+                slot.replies.put(("started", handle))
+
+    # ------------------------------------------------------------ routing
+    def _route(self, op: str, raw: tuple) -> int:
+        """Deliver ``raw`` to one instance of ``op``; returns the instance index."""
+        if self._grouping[op] == "fields":
+            # crc32, not hash(): the same key must pick the same instance in every process.
+            idx = zlib.crc32(raw[3].encode()) % self._parallelism[op]
+        else:
+            idx = next(self._rr[op])
+        slot = self.slots[(op, idx)]
+        if slot.paused or slot.worker is None:
+            slot.held.append(raw)
+        else:
+            slot.unacked[(raw[0], raw[1])] = raw
+            slot.worker.out.put(("t", op, idx, raw))
+        return idx
+
+    def _inject(self, now: float) -> None:
+        with self._lock:
+            for src in self.spec.sources:
+                root = next(self._root_ids)
+                key, value = self.spec.make_root(root, self._rng)
+                self.acker.new_root(root, now)
+                self._route(src.name, (root, (), now, key, value))
+            self.injected += 1
+
+    def _pace(self) -> None:
+        due, last = 0.0, time.monotonic()
+        while not self._stop.is_set():
+            time.sleep(0.005)
+            now_m = time.monotonic()
+            due += max(0.0, float(self.rate(now_m - self._t0))) * (now_m - last)
+            last = now_m
+            now = time.time()
+            while due >= 1.0:
+                self._inject(now)
+                due -= 1.0
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(self.checkpoint_seconds):
+            with self._lock:
+                for slot in self.slots.values():
+                    if slot.stateful and slot.worker is not None and not slot.paused:
+                        slot.worker.out.put(("ckpt", slot.op, slot.index))
+
+    # ------------------------------------------------------------ starting instances
+    def _launch(self, slot: InstanceSlot, handle: WorkerHandle) -> None:
+        """Start ``slot`` in ``handle`` from its snapshot and re-send its unacked tuples."""
+        with self._lock:
+            slot.worker = handle
+            if not handle.alive:
+                # Gone before we got here: its death notice was not meant for this slot.
+                slot.worker = None
+                slot.replies.put(("dead", handle))
+                return
+            handle.out.put(
+                ("start", slot.op, slot.index, copy.deepcopy(slot.checkpoint), list(slot.replay)),
+                urgent=True,
+            )
+            for raw in slot.unacked.values():
+                handle.out.put(("t", slot.op, slot.index, raw))
+
+    def _await(self, slot: InstanceSlot, handle: WorkerHandle, want: str) -> bool:
+        """Wait for ``want`` from ``handle`` about ``slot``; False if the worker died."""
+        deadline = time.monotonic() + self.reply_timeout
+        while True:
+            try:
+                kind, sender = slot.replies.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(
+                    f"worker {handle.id} did not confirm {want} of "
+                    f"{self.instance_id(slot.op, slot.index)} in {self.reply_timeout} s"
+                ) from None
+            if sender is not handle:
+                continue  # a reply from an earlier incarnation
+            if kind == want:
+                return True
+            if kind == "dead":
+                return False
+
+    def _resume(self, slot: InstanceSlot, handle: WorkerHandle) -> None:
+        with self._lock:
+            slot.node = handle.node
+            slot.paused = False
+            held, slot.held = slot.held, []
+            for raw in held:
+                slot.unacked[(raw[0], raw[1])] = raw
+                handle.out.put(("t", slot.op, slot.index, raw))
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self.listen is None:
+            address, family = str(Path(self._tmp.name) / "driver.sock"), "AF_UNIX"
+        else:
+            address, family = self.listen, "AF_INET"
+        self._listener = Listener(address, family=family, authkey=self._authkey)
+        acceptor = threading.Thread(target=self._accept_loop, name="driver.accept", daemon=True)
+        acceptor.start()
+        self._threads.append(acceptor)
+        for slot in self.slots.values():
+            self._launch(slot, self._worker(slot.node, slot.stateful))
+        for slot in self.slots.values():
+            if not self._await(slot, slot.worker, "started"):
+                raise RuntimeError(f"worker of {self.instance_id(slot.op, slot.index)} died")
+        self._t0 = time.monotonic()
+        self.started_at = time.time()
+        for target, name in ((self._pace, "pacer"), (self._checkpoint_loop, "checkpoints")):
+            t = threading.Thread(target=target, name=f"{self.spec.app}.{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop_input(self) -> None:
+        self._stop.set()
+        for t in self._threads[1:]:
+            t.join(timeout=5)
+
+    def drain(self, timeout: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.acker.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.acker.in_flight == 0
+
+    def stop(self, drain_timeout: float = 60.0) -> TopologyStats:
+        self.stop_input()
+        drained = self.drain(drain_timeout)
+        for handle in list(self.workers.values()):
+            if handle.alive:
+                handle.out.put(("exit",), urgent=True)
+        for handle in list(self.workers.values()):
+            try:
+                handle.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                handle.process.kill()
+                handle.process.wait(timeout=5)
+            if handle.receiver is not None:
+                handle.receiver.join(timeout=5)
+            if handle.conn is not None:
+                handle.conn.close()
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            # accept() does not return when its socket is closed: wake it with a connection.
+            family = socket.AF_UNIX if isinstance(listener.address, str) else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as wake:
+                try:
+                    wake.connect(listener.address)
+                except OSError:
+                    pass
+            self._threads[0].join(timeout=5)
+            listener.close()
+        self._tmp.cleanup()
+        stats = self.stats()
+        stats.drained = drained
+        return stats
+
+    def stats(self) -> TopologyStats:
+        a = self.acker
+        return TopologyStats(
+            app=self.spec.app, roots=a.roots, completed=a.completed,
+            lost=a.in_flight if self._stop.is_set() else 0,
+            duplicated=a.duplicated, failed=a.failed, latencies=list(a.latencies),
+        )
+
+    # ------------------------------------------------------------ nodes
+    def add_node(self, node: str, agent_socket: str | None) -> None:
+        with self._lock:
+            self.nodes[node] = agent_socket
+
+    def fail_node(self, node: str) -> None:
+        """The node disappears: its worker processes are killed and it leaves the testbed."""
+        with self._lock:
+            self.nodes.pop(node, None)
+            doomed = [h for h in self.workers.values() if h.node == node and h.alive]
+        for handle in doomed:
+            handle.kill()
+        for handle in doomed:
+            handle.process.wait(timeout=10)
+            handle.receiver.join(timeout=10)
+
+    # ------------------------------------------------------------ migration
+    def migrate(
+        self,
+        plan: Plan,
+        observer: Callable[[str, str, WorkerHandle], None] | None = None,
+    ) -> MigrationResult:
+        """Carry out the moves of ``plan`` that concern this application.
+
+        ``observer(phase, instance_id, worker)`` is called at "target-ready"
+        (the target worker runs, the instance is not started yet) so that fault
+        injection can act at the worst moment.
+        """
+        with self._migrating:
+            return self._migrate(plan, observer)
+
+    def _migrate(
+        self, plan: Plan, observer: Callable[[str, str, WorkerHandle], None] | None
+    ) -> MigrationResult:
+        result = MigrationResult()
+        before = self._worker_sets()
+        prefix = f"{self.spec.app}/"
+        moving: list[tuple[InstanceSlot, str]] = []
+        for move in plan.moves:
+            if not move.instance.startswith(prefix):
+                continue
+            reason = self._refusal(move)
+            if reason:
+                result.refused[move.instance] = reason
+                continue
+            _, op, index = move.instance.split("/")
+            moving.append((self.slots[(op, int(index))], move.to_node))
+        if not moving:
+            return result
+        t0 = time.monotonic()
+        with self._lock:
+            for slot, _ in moving:
+                slot.paused = True
+        # Drain: the stop marker follows every tuple already sent to the instance.
+        sources: dict[str, WorkerHandle | None] = {}
+        for slot, _ in moving:
+            handle = slot.worker
+            sources[self.instance_id(slot.op, slot.index)] = handle
+            if handle is not None:
+                handle.out.put(("stop", slot.op, slot.index), urgent=True)
+        for slot, _ in moving:
+            handle = sources[self.instance_id(slot.op, slot.index)]
+            if handle is not None and not self._await(slot, handle, "stopped"):
+                sources[self.instance_id(slot.op, slot.index)] = None  # died while draining
+        for slot, to_node in moving:
+            iid = self.instance_id(slot.op, slot.index)
+            source = sources[iid]
+            existing = self.workers.get(worker_id(self.spec.app, to_node, slot.stateful))
+            try:
+                target = self._worker(to_node, slot.stateful)
+            except RuntimeError as exc:
+                target, why = None, str(exc)
+            else:
+                why = f"target worker {target.id} died during the move"
+                if target is not existing:
+                    result.started_workers.append(target.id)
+                if observer is not None:
+                    observer("target-ready", iid, target)
+                if target.alive:
+                    self._launch(slot, target)
+                    if self._await(slot, target, "started"):
+                        self._resume(slot, target)
+                        (result.moved if source is not None else result.restarted).append(iid)
+                        continue
+            self._roll_back(slot, source, why, result)
+        # A dead target may have hosted instances that were not moving.
+        result.restarted += self.recover()
+        result.stopped_workers = self._stop_idle_workers()
+        result.pause_seconds = time.monotonic() - t0
+        after = self._worker_sets()
+        result.affected_workers = sorted(
+            w for w in set(before) | set(after) if before.get(w) != after.get(w) and w in before
+        )
+        return result
+
+    def recover(self) -> list[str]:
+        """Restart, on their own node, instances whose worker died while the node stayed.
+
+        They resume from their last snapshot with the tuples of the upstream
+        backup; instances of a vanished node wait for a plan instead.
+        """
+        restarted = []
+        with self._lock:
+            orphans = [
+                s for s in self.slots.values()
+                if s.worker is None and not s.paused and s.node in self.nodes
+            ]
+            for slot in orphans:
+                slot.paused = True
+        for slot in orphans:
+            try:
+                handle = self._worker(slot.node, slot.stateful)
+            except RuntimeError as exc:
+                log.warning("cannot restart %s: %s", self.instance_id(slot.op, slot.index), exc)
+                with self._lock:
+                    slot.paused = False
+                continue
+            self._launch(slot, handle)
+            if self._await(slot, handle, "started"):
+                self._resume(slot, handle)
+                restarted.append(self.instance_id(slot.op, slot.index))
+            else:
+                with self._lock:
+                    slot.paused = False
+        return restarted
+
+    def _refusal(self, move) -> str | None:
+        parts = move.instance.split("/")
+        if len(parts) != 3 or not parts[2].isdigit() or (parts[1], int(parts[2])) not in self.slots:
+            return f"unknown instance {move.instance!r}"
+        slot = self.slots[(parts[1], int(parts[2]))]
+        if move.to_node not in self.nodes:
+            return f"target node {move.to_node!r} is not in the testbed"
+        if move.from_node is not None and move.from_node != slot.node:
+            return f"stale plan: instance runs on {slot.node!r}, plan says {move.from_node!r}"
+        if move.to_node == slot.node and slot.worker is not None:
+            return f"already on {move.to_node!r}"
+        return None
+
+    def _roll_back(
+        self, slot: InstanceSlot, source: WorkerHandle | None, why: str, result: MigrationResult
+    ) -> None:
+        """Start the instance again where it was (a fresh worker if its own died)."""
+        iid = self.instance_id(slot.op, slot.index)
+        candidates = [slot.node] if slot.node in self.nodes else []
+        candidates += [n for n in self.nodes if n not in candidates]
+        for node in candidates:
+            try:
+                handle = self._worker(node, slot.stateful)
+            except RuntimeError:
+                continue
+            self._launch(slot, handle)
+            if self._await(slot, handle, "started"):
+                self._resume(slot, handle)
+                result.rolled_back[iid] = f"{why}; running on {node!r} again"
+                return
+        with self._lock:
+            slot.worker, slot.paused = None, False
+        result.rolled_back[iid] = f"{why}; no node could take it back, tuples held"
+
+    def _stop_idle_workers(self) -> list[str]:
+        """End worker processes left without instances (an emptied node runs nothing)."""
+        with self._lock:
+            busy = {id(s.worker) for s in self.slots.values() if s.worker is not None}
+            idle = [h for h in self.workers.values() if h.alive and id(h) not in busy]
+            for handle in idle:
+                handle.out.put(("exit",), urgent=True)
+        for handle in idle:
+            try:
+                handle.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                handle.kill()
+                handle.process.wait(timeout=5)
+            handle.receiver.join(timeout=5)
+            with self._lock:
+                if self.workers.get(handle.id) is handle:
+                    del self.workers[handle.id]
+        return sorted(h.id for h in idle)
+
+    def _worker_sets(self) -> dict[str, frozenset[str]]:
+        with self._lock:
+            sets: dict[str, set[str]] = {}
+            for ref, slot in self.slots.items():
+                if slot.worker is not None and slot.worker.alive:
+                    sets.setdefault(slot.worker.id, set()).add(self.instance_id(*ref))
+            return {w: frozenset(s) for w, s in sets.items()}

@@ -1,0 +1,318 @@
+"""Worker processes of the distributed testbed: instances as threads, tuples in micro-batches.
+
+A worker is one OS process per (application, node, kind), kind being stateful
+or stateless, so that moving a stateless instance never restarts a process
+that holds state (DESIGN §4 step 7). Each worker hosts its instances as
+threads running the same per-tuple work as ``engine.py`` (``burn`` plus the
+operator's function) and registers every instance thread's TID with the agent
+of its node.
+
+A worker talks to the driver (``distributed.DistributedTopology``) over one
+``multiprocessing.connection`` (a Unix socket, or TCP for nodes in network
+namespaces). Both directions use a :class:`BatchingSender`, which sends what
+has accumulated every ``flush_seconds`` or as soon as ``batch_size`` items
+wait, so that IPC does not dominate the CPU at thousands of tuples a second.
+Everything on one connection stays in order; the migration protocol relies on
+that (a stop or checkpoint marker is processed after every tuple sent before it).
+
+Messages, driver to worker (items of a batch):
+
+- ``("t", op, index, (root, tid, created, key, value))``: a tuple for an instance;
+- ``("start", op, index, state, replay)``: start an instance with ``state``,
+  first re-applying ``replay`` (tuples already acknowledged since that state
+  was taken) to the state only;
+- ``("lat", op, index, seconds)``: a root this instance completed, for its latency counters;
+- ``("ckpt", op, index)``: reply with a copy of the state once every earlier tuple is done;
+- ``("stop", op, index)``: finish every earlier tuple, then stop and reply with the state;
+- ``("exit",)``: stop everything and exit.
+
+Worker to driver: ``("hello", worker_id, pid)`` first, then batches of
+``("done", op, index, root, tid, sent, now, emitted)``,
+``("started", op, index, native_tid)``, ``("checkpointed", op, index, state)``
+and ``("stopped", op, index, state)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import pickle
+import queue
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection
+from typing import Any
+
+from testbed.live.engine import InstanceCounters, OperatorSpec, Tuple, burn
+
+log = logging.getLogger(__name__)
+
+#: Default micro-batching: a batch leaves after this long or at this many items.
+FLUSH_SECONDS = 0.005
+BATCH_SIZE = 256
+
+
+class BatchingSender:
+    """Sends items over a connection in batches from one thread, keeping their order.
+
+    ``put`` never blocks on I/O. A connection error stops the sender and is
+    reported through ``closed``; items put afterwards are dropped (the peer is
+    gone, and the driver's replay log, not this buffer, is what prevents loss).
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        flush_seconds: float = FLUSH_SECONDS,
+        batch_size: int = BATCH_SIZE,
+        name: str = "sender",
+    ):
+        if flush_seconds <= 0:
+            raise ValueError(f"flush_seconds must be > 0, got {flush_seconds!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        self.conn = conn
+        self.flush_seconds = flush_seconds
+        self.batch_size = batch_size
+        self._items: list[tuple] = []
+        self._cond = threading.Condition()
+        self._urgent = False
+        self._stopping = False
+        self.closed = threading.Event()
+        self.batches_sent = 0
+        self.items_sent = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, item: tuple, urgent: bool = False) -> None:
+        with self._cond:
+            if self.closed.is_set():
+                return
+            self._items.append(item)
+            if urgent or len(self._items) >= self.batch_size:
+                self._urgent = True
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._urgent and not self._stopping:
+                    self._cond.wait(self.flush_seconds)
+                batch, self._items, self._urgent = self._items, [], False
+                stopping = self._stopping
+            if batch:
+                try:
+                    self.conn.send(batch)
+                except (OSError, EOFError, ValueError):
+                    self.closed.set()
+                    return
+                self.batches_sent += 1
+                self.items_sent += len(batch)
+            if stopping:
+                with self._cond:
+                    if not self._items:
+                        return
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued, then stop the thread (the connection stays open)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+
+@dataclass(frozen=True)
+class OperatorRuntime:
+    """What a worker needs to run one operator: its spec and how many children it feeds."""
+
+    spec: OperatorSpec
+    children: int
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker process is started with (pickled to its stdin)."""
+
+    worker_id: str
+    app: str
+    node: str
+    stateful: bool
+    address: Any
+    authkey: bytes
+    operators: dict[str, OperatorRuntime]
+    agent_socket: str | None = None
+    flush_seconds: float = FLUSH_SECONDS
+    batch_size: int = BATCH_SIZE
+    seed: int = 0
+    counters_seconds: float = 0.5
+
+
+_STOP = object()
+_CHECKPOINT = object()
+
+
+class WorkerInstance:
+    """One instance thread inside a worker process."""
+
+    def __init__(self, worker: WorkerProcess, op: str, index: int, state: dict, replay: list):
+        self.worker, self.op, self.index = worker, op, index
+        self.runtime = worker.config.operators[op]
+        self.state = state
+        self.replay = replay
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.counters = InstanceCounters()
+        self.rng = random.Random(hash((worker.config.app, op, index, worker.config.seed)))
+        self.thread = threading.Thread(
+            target=self._run, name=f"{worker.config.app}.{op}.{index}", daemon=True
+        )
+
+    def _run(self) -> None:
+        w, spec = self.worker, self.runtime.spec
+        tid = threading.get_native_id()
+        for raw in self.replay:
+            # Already acknowledged upstream: only the state must see it again.
+            spec.fn(Tuple(*raw), self.state)
+        self.replay = []
+        w.register(self.op, self.index, tid)
+        w.out.put(("started", self.op, self.index, tid), urgent=True)
+        cost = spec.cost_ms / 1000.0
+        while True:
+            item = self.queue.get()
+            if item is _STOP:
+                # Unregister before replying: a restart in this same process is
+                # only requested after the reply, so the agent sees them in order.
+                w.unregister(self.op, self.index)
+                w.out.put(("stopped", self.op, self.index, self.state), urgent=True)
+                return
+            if item is _CHECKPOINT:
+                w.out.put(("checkpointed", self.op, self.index, copy.deepcopy(self.state)))
+                continue
+            start = time.perf_counter()
+            t = Tuple(*item)
+            burn(cost, self.rng)
+            out = spec.fn(t, self.state)
+            sent = len(out) * self.runtime.children
+            w.out.put(("done", self.op, self.index, t.root, t.tid, sent, time.time(), out))
+            c = self.counters
+            c.executed += 1
+            c.emitted += sent
+            c.service_seconds += time.perf_counter() - start
+
+
+class WorkerProcess:
+    """The body of a worker process (also usable in-process for debugging)."""
+
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        self.conn = Client(config.address, authkey=config.authkey)
+        self.conn.send(("hello", config.worker_id, os.getpid()))
+        self.out = BatchingSender(
+            self.conn, flush_seconds=config.flush_seconds, batch_size=config.batch_size,
+            name=f"{config.worker_id}.sender",
+        )
+        self.instances: dict[tuple[str, int], WorkerInstance] = {}
+        self._client = None
+        if config.agent_socket:
+            from agent.instance_client import AgentClient
+
+            self._client = AgentClient(config.agent_socket)
+        self._stop = threading.Event()
+
+    def register(self, op: str, index: int, tid: int) -> None:
+        if self._client is not None:
+            stateful = self.config.operators[op].spec.stateful
+            self._client.register(
+                self.config.app, op, index, self.config.worker_id, stateful, tid=tid
+            )
+
+    def unregister(self, op: str, index: int) -> None:
+        if self._client is not None:
+            self._client.unregister(self.config.app, op, index)
+
+    def _push_counters(self) -> None:
+        if self._client is None:
+            return
+        for (op, index), inst in list(self.instances.items()):
+            c = inst.counters
+            self._client.update(
+                self.config.app, op, index,
+                received=c.received, executed=c.executed, emitted=c.emitted,
+                queue_length=inst.queue.qsize(), latency_sum_seconds=c.latency_sum_seconds,
+                latency_count=c.latency_count, service_seconds=c.service_seconds,
+            )
+
+    def _report(self) -> None:
+        while not self._stop.wait(self.config.counters_seconds):
+            self._push_counters()
+
+    def _handle(self, item: tuple) -> bool:
+        """Apply one message; False when the worker must exit."""
+        kind = item[0]
+        if kind == "t":
+            inst = self.instances[(item[1], item[2])]
+            inst.counters.received += 1
+            inst.queue.put(item[3])
+        elif kind == "start":
+            _, op, index, state, replay = item
+            inst = WorkerInstance(self, op, index, state, replay)
+            self.instances[(op, index)] = inst
+            inst.thread.start()
+        elif kind == "lat":
+            inst = self.instances.get((item[1], item[2]))
+            if inst is not None:
+                inst.counters.latency_sum_seconds += item[3]
+                inst.counters.latency_count += 1
+        elif kind == "ckpt":
+            self.instances[(item[1], item[2])].queue.put(_CHECKPOINT)
+        elif kind == "stop":
+            inst = self.instances.pop((item[1], item[2]))
+            inst.queue.put(_STOP)
+        elif kind == "exit":
+            return False
+        else:
+            raise ValueError(f"unknown message kind {kind!r}")
+        return True
+
+    def run(self) -> None:
+        reporter = threading.Thread(target=self._report, name="counters", daemon=True)
+        reporter.start()
+        try:
+            running = True
+            while running:
+                try:
+                    batch = self.conn.recv()
+                except (EOFError, OSError):
+                    break  # the driver is gone: nothing left to do
+                for item in batch:
+                    if not self._handle(item):
+                        running = False
+                        break
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        for inst in self.instances.values():
+            inst.queue.put(_STOP)
+        for inst in self.instances.values():
+            inst.thread.join(timeout=5)
+        if self._client is not None:
+            self._client.close()
+        self.out.close()
+        self.conn.close()
+
+
+def worker_main(config: WorkerConfig) -> None:
+    """Body of a worker process started with its config."""
+    logging.basicConfig(level=logging.WARNING)
+    WorkerProcess(config).run()
+
+
+if __name__ == "__main__":
+    # The driver writes the pickled WorkerConfig to stdin; it is trusted (same user).
+    worker_main(pickle.loads(sys.stdin.buffer.read()))

@@ -1,0 +1,355 @@
+"""The vectorized cluster: nodes with cores, operator instances with FIFO queues.
+
+Time advances in fixed steps (``scenario.step_seconds``, sub-second). Within a
+step every instance has a CPU rate: the smaller of one core (an instance is one
+thread), its cap, and -- when a node's busy instances want more than its cores --
+a CFS-like max-min fair share (water-filling). A node whose memory-bandwidth use
+is high slows the work done per CPU-second by ``1 + slope * (u - threshold)``.
+
+Messages that reach an instance in the same step form a *cohort* (count, CPU
+work, sum of birth times, mean arrival time); a cohort's work is the sum of the
+messages' gamma-distributed service works, drawn in one piece (a sum of gammas
+with one scale is a gamma). Queues are ring buffers of cohorts per instance;
+serving is exact FIFO fluid service in time within the step, and operators are
+swept in chain order so a message can cross several operators in one step.
+When a ring is full the newest cohorts merge (mean latency stays exact, the
+spread inside the merged cohort is lost).
+
+Counters are cumulative per instance, like a real agent's: received, executed,
+emitted, CPU-seconds, busy (service) seconds, throttled seconds, end-to-end
+latency sum and count. Sinks record (app, messages, mean latency) per cohort.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from testbed.sim.arrivals import all_arrivals
+from testbed.sim.scenario import Scenario
+
+RING = 32
+UNCAPPED = np.inf
+
+
+@dataclass
+class SinkRecords:
+    """Finished messages at the sinks, one row per cohort."""
+
+    app: np.ndarray
+    count: np.ndarray
+    latency_s: np.ndarray
+    time_s: np.ndarray
+
+
+def waterfill(want: np.ndarray, node: np.ndarray, cores: np.ndarray) -> np.ndarray:
+    """Max-min fair CPU per instance: nobody gets more than it wants, and on an
+    over-committed node every unsatisfied instance gets the same level."""
+    n_nodes = len(cores)
+    demand = np.bincount(node, want, minlength=n_nodes)
+    over = demand > cores * (1 + 1e-12)
+    if not over.any():
+        return want.copy()
+    m = over[node] & (want > 0)
+    level = np.zeros(n_nodes)
+    for _ in range(64):
+        sat = m & (want <= level[node])
+        sat_sum = np.bincount(node[sat], want[sat], minlength=n_nodes)
+        unsat = np.bincount(node[m & ~sat], minlength=n_nodes)
+        new = np.where(unsat > 0, (cores - sat_sum) / np.maximum(unsat, 1), level)
+        new = np.where(over, new, np.inf)
+        if np.allclose(new[over], level[over], rtol=1e-12, atol=1e-15):
+            level = new
+            break
+        level = new
+    return np.where(m, np.minimum(want, level[node]), want)
+
+
+class ClusterSim:
+    """A seeded, vectorized simulation of one scenario's cluster."""
+
+    def __init__(self, scenario: Scenario, max_parallelism: int = 8):
+        if max_parallelism < 1:
+            raise ValueError(f"max_parallelism must be >= 1, got {max_parallelism}")
+        self.sc = scenario
+        self.rng = np.random.default_rng(scenario.seed)
+        self.dt = scenario.epoch_seconds / scenario.steps_per_epoch
+        self.t = 0.0
+        self.max_par = P = max_parallelism
+        ops = [(ai, k, op) for ai, app in enumerate(scenario.apps) for k, op in enumerate(app.operators)]
+        self.n_ops = len(ops)
+        self.op_app = np.array([a for a, _, _ in ops], dtype=np.int64)
+        self.op_stage = np.array([k for _, k, _ in ops], dtype=np.int64)
+        self.op_name = [f"{scenario.apps[a].name}/{o.name}" for a, _, o in ops]
+        self.op_work = np.array([o.work_mean_s for _, _, o in ops])
+        self.op_cv2 = np.array([o.work_cv**2 for _, _, o in ops])
+        self.op_sel = np.array([o.selectivity for _, _, o in ops])
+        self.op_stateful = np.array([o.stateful for _, _, o in ops])
+        self.op_mbw = np.array([o.mbw_per_core for _, _, o in ops])
+        first = np.zeros(len(scenario.apps), dtype=np.int64)
+        last = np.zeros(len(scenario.apps), dtype=np.int64)
+        for i, (a, k, _) in enumerate(ops):
+            if k == 0:
+                first[a] = i
+            last[a] = i
+        self.app_first_op, self.app_last_op = first, last
+        self.op_next = np.where(np.arange(self.n_ops) == last[self.op_app], -1, np.arange(self.n_ops) + 1)
+        self.n_stages = int(self.op_stage.max()) + 1
+        # Instance slots: op * P + r.
+        n = self.n_inst = self.n_ops * P
+        self.inst_op = np.repeat(np.arange(self.n_ops), P)
+        self.inst_rank = np.tile(np.arange(P), self.n_ops)
+        self.inst_stage = self.op_stage[self.inst_op]
+        self.stage_slots = [np.flatnonzero(self.inst_stage == s) for s in range(self.n_stages)]
+        self.active = np.zeros(n, dtype=bool)
+        self.node = np.zeros(n, dtype=np.int64)
+        self.cap = np.full(n, UNCAPPED)
+        self.paused_until = np.zeros(n)
+        self.op_k = np.zeros(self.n_ops, dtype=np.int64)
+        self.op_rot = np.zeros(self.n_ops, dtype=np.int64)
+        self.cores = np.full(scenario.nodes, float(scenario.cores_per_node))
+        self.node_slowdown = np.ones(scenario.nodes)
+        # Queues.
+        self.q_count = np.zeros((n, RING), dtype=np.int64)
+        self.q_work = np.zeros((n, RING))
+        self.q_birth = np.zeros((n, RING))
+        self.q_arr = np.zeros((n, RING))
+        self.q_start = np.full((n, RING), np.nan)
+        self.head = np.zeros(n, dtype=np.int64)
+        self.size = np.zeros(n, dtype=np.int64)
+        self.queued = np.zeros(n, dtype=np.int64)
+        # Cumulative counters.
+        self.received = np.zeros(n, dtype=np.int64)
+        self.executed = np.zeros(n, dtype=np.int64)
+        self.emitted = np.zeros(n, dtype=np.int64)
+        self.cpu_seconds = np.zeros(n)
+        self.busy_seconds = np.zeros(n)
+        self.throttled_seconds = np.zeros(n)
+        self.latency_sum = np.zeros(n)
+        self.latency_count = np.zeros(n, dtype=np.int64)
+        self.mbw_seconds = np.zeros(n)  # bandwidth-fraction x seconds
+        self.source_arrivals = np.zeros(len(scenario.apps), dtype=np.int64)
+        self.created = 0  # messages created by selectivity > 1 (or lost by < 1)
+        self.last_alloc = np.zeros(n)
+        self.arrival_t, self.arrival_app = all_arrivals(scenario)
+        self._next_arrival = 0
+        self._sinks: list[tuple[np.ndarray, ...]] = []
+        self.reconfigurations = 0
+
+    # ------------------------------------------------------------ layout
+    def slots_of(self, op: int) -> np.ndarray:
+        return np.arange(op * self.max_par, (op + 1) * self.max_par)
+
+    def set_parallelism(self, op: int, k: int, nodes: list[int] | np.ndarray, pause: bool = True) -> None:
+        """Run ``k`` instances of ``op``; ``nodes[r]`` places instance r (existing ones keep theirs
+        unless told). A change pauses the operator (a rescale restarts it)."""
+        if not 1 <= k <= self.max_par:
+            raise ValueError(f"parallelism must be in [1, {self.max_par}], got {k}")
+        slots = self.slots_of(op)
+        changed = k != self.op_k[op]
+        for r, node in enumerate(nodes[:k]):
+            if not 0 <= int(node) < self.sc.nodes:
+                raise ValueError(f"node must be in [0, {self.sc.nodes}), got {node}")
+            if not self.active[slots[r]]:
+                self.node[slots[r]] = int(node)
+        self.active[slots[:k]] = True
+        self.active[slots[k:]] = False
+        self.op_k[op] = k
+        if changed and pause and self.t > 0:
+            self.reconfigurations += 1
+            self.paused_until[slots[:k]] = self.t + self._pause(op)
+        self.inst_rank[slots] = np.arange(self.max_par)
+
+    def move(self, inst: int, node: int) -> None:
+        """Migrate one instance: it pauses (longer when stateful) and keeps its queue."""
+        if not 0 <= node < self.sc.nodes:
+            raise ValueError(f"node must be in [0, {self.sc.nodes}), got {node}")
+        if self.node[inst] != node:
+            self.node[inst] = node
+            self.paused_until[inst] = self.t + self._pause(int(self.inst_op[inst]))
+            self.reconfigurations += 1
+
+    def _pause(self, op: int) -> float:
+        return self.sc.stateful_migration_pause_s if self.op_stateful[op] else self.sc.migration_pause_s
+
+    def set_caps(self, inst: np.ndarray, caps: np.ndarray) -> None:
+        """Cap instances in cores; ``inf`` (or 0, like a directive) removes the cap."""
+        caps = np.asarray(caps, dtype=float)
+        if np.any(~np.isfinite(caps) & ~np.isinf(caps)) or np.any(caps < 0):
+            raise ValueError("caps must be >= 0")
+        self.cap[inst] = np.where(caps == 0, UNCAPPED, caps)
+
+    @property
+    def alive(self) -> np.ndarray:
+        """Instances that run: active ones and scaled-in ones still draining their queue."""
+        return self.active | (self.size > 0)
+
+    # ------------------------------------------------------------ one step
+    def step(self) -> None:
+        sc, dt = self.sc, self.dt
+        t0, t1 = self.t, self.t + dt
+        # Source arrivals of this step, per application.
+        j = int(np.searchsorted(self.arrival_t, t1, side="left"))
+        a_idx = self.arrival_app[self._next_arrival : j]
+        a_t = self.arrival_t[self._next_arrival : j]
+        self._next_arrival = j
+        n_apps = len(sc.apps)
+        in_count = np.zeros(self.n_ops, dtype=np.int64)
+        in_tsum = np.zeros(self.n_ops)
+        in_birth = np.zeros(self.n_ops)
+        if len(a_idx):
+            c = np.bincount(a_idx, minlength=n_apps)
+            s = np.bincount(a_idx, a_t, minlength=n_apps)
+            self.source_arrivals += c
+            in_count[self.app_first_op] += c
+            in_tsum[self.app_first_op] += s
+            in_birth[self.app_first_op] += s
+        # CPU: who wants it, who gets it.
+        alive = self.alive
+        op_busy = np.bincount(self.inst_op, self.size > 0, minlength=self.n_ops) > 0
+        feeding = np.zeros(self.n_ops, dtype=bool)
+        has_next = self.op_next >= 0
+        feeding[self.op_next[has_next]] = op_busy[has_next] | (in_count[has_next] > 0)
+        busy = (self.size > 0) | ((in_count > 0) | feeding)[self.inst_op]
+        running = alive & busy & (self.paused_until <= t0)
+        want = np.where(running, np.minimum(self.cap, 1.0), 0.0)
+        alloc = waterfill(want, self.node, self.cores)
+        slow = self.node_slowdown[self.node]
+        rate = alloc / slow
+        busy_time = np.zeros(self.n_inst)
+        for stage in range(self.n_stages):
+            slots = self.stage_slots[stage]
+            ops_here = np.flatnonzero((self.op_stage == stage) & (in_count > 0))
+            if len(ops_here):
+                self._enqueue(ops_here, in_count, in_tsum, in_birth)
+            out = self._serve(slots, rate, t0, t1, busy_time)
+            if out is None:
+                out = (np.zeros(self.n_ops, dtype=np.int64), np.zeros(self.n_ops), np.zeros(self.n_ops))
+            in_count, in_tsum, in_birth = out
+        used = alloc * busy_time
+        self.cpu_seconds += used
+        self.busy_seconds += busy_time
+        capped = self.cap < 1.0
+        self.throttled_seconds += np.where(capped & (alloc >= self.cap - 1e-12), busy_time, 0.0)
+        mbw = used * self.op_mbw[self.inst_op]
+        self.mbw_seconds += mbw
+        util = np.bincount(self.node, mbw, minlength=sc.nodes) / (dt * self.cores)
+        self.node_slowdown = 1.0 + sc.interference_slope * np.maximum(0.0, util - sc.interference_threshold)
+        self.last_alloc = np.where(busy_time > 0, alloc, 0.0)
+        self.t = t1
+
+    def _enqueue(self, ops: np.ndarray, in_count, in_tsum, in_birth) -> None:
+        P = self.max_par
+        k = self.op_k[ops]
+        if np.any(k == 0):
+            raise RuntimeError(f"operator {self.op_name[int(ops[k == 0][0])]} has no instance")
+        n_op = in_count[ops]
+        r = np.arange(P)[None, :]
+        share = n_op[:, None] // k[:, None] + (((r - self.op_rot[ops][:, None]) % k[:, None]) < (n_op % k)[:, None])
+        share = np.where(r < k[:, None], share, 0)
+        self.op_rot[ops] = (self.op_rot[ops] + n_op) % np.maximum(k, 1)
+        inst = (ops[:, None] * P + r)[share > 0]
+        n = share[share > 0]
+        op = self.inst_op[inst]
+        frac = n / in_count[op]
+        birth = in_birth[op] * frac
+        arr = in_tsum[op] / in_count[op]
+        cv2 = self.op_cv2[op]
+        mean = self.op_work[op]
+        work = np.where(
+            cv2 > 0,
+            self.rng.gamma(np.maximum(n / np.maximum(cv2, 1e-12), 1e-12)) * mean * cv2,
+            n * mean,
+        )
+        full = self.size[inst] >= RING
+        pos = (self.head[inst] + np.where(full, RING - 1, self.size[inst])) % RING
+        fresh = ~full
+        self.q_count[inst, pos] = np.where(fresh, 0, self.q_count[inst, pos]) + n
+        self.q_work[inst, pos] = np.where(fresh, 0.0, self.q_work[inst, pos]) + work
+        self.q_birth[inst, pos] = np.where(fresh, 0.0, self.q_birth[inst, pos]) + birth
+        self.q_arr[inst, pos] = np.where(fresh, arr, self.q_arr[inst, pos])
+        self.q_start[inst, pos] = np.where(fresh, np.nan, self.q_start[inst, pos])
+        self.size[inst] += fresh
+        self.queued[inst] += n
+        self.received[inst] += n
+
+    def _serve(self, slots: np.ndarray, rate: np.ndarray, t0: float, t1: float, busy_time: np.ndarray):
+        local = np.full(len(slots), t0)
+        nxt = None
+        while True:
+            ok = (self.size[slots] > 0) & (rate[slots] > 0) & (local < t1 - 1e-12)
+            if not ok.any():
+                break
+            where = np.flatnonzero(ok)
+            inst = slots[where]
+            h = self.head[inst]
+            begin = np.maximum(local[where], self.q_arr[inst, h])
+            r = rate[inst]
+            need = self.q_work[inst, h] / r
+            finish = begin + need
+            done = finish <= t1
+            start = self.q_start[inst, h]
+            start = np.where(np.isnan(start), begin, start)
+            # Partly served cohorts stay at the head.
+            part = ~done
+            ip, hp = inst[part], h[part]
+            self.q_work[ip, hp] -= r[part] * (t1 - begin[part])
+            self.q_start[ip, hp] = start[part]
+            busy_time[ip] += t1 - begin[part]
+            local[where[part]] = t1
+            if done.any():
+                i_d, h_d = inst[done], h[done]
+                busy_time[i_d] += need[done]
+                local[where[done]] = finish[done]
+                n = self.q_count[i_d, h_d]
+                birth = self.q_birth[i_d, h_d]
+                s, e = start[done], finish[done]
+                mean_done = s + (e - s) * (n + 1) / (2.0 * n)
+                self.latency_sum[i_d] += n * mean_done - birth
+                self.latency_count[i_d] += n
+                self.executed[i_d] += n
+                self.queued[i_d] -= n
+                self.head[i_d] = (h_d + 1) % RING
+                self.size[i_d] -= 1
+                op = self.inst_op[i_d]
+                sel = self.op_sel[op]
+                out_n = np.where(sel == 1.0, n, self.rng.poisson(n * sel))
+                self.created += int(out_n.sum() - n.sum())
+                self.emitted[i_d] += out_n
+                nxt_op = self.op_next[op]
+                to_next = nxt_op >= 0
+                if nxt is None:
+                    nxt = (np.zeros(self.n_ops, dtype=np.int64), np.zeros(self.n_ops), np.zeros(self.n_ops))
+                if to_next.any():
+                    dest = nxt_op[to_next]
+                    on = out_n[to_next]
+                    nxt[0][:] += np.bincount(dest, on, minlength=self.n_ops).astype(np.int64)
+                    nxt[1][:] += np.bincount(dest, on * mean_done[to_next], minlength=self.n_ops)
+                    per_msg_birth = birth[to_next] / n[to_next]
+                    nxt[2][:] += np.bincount(dest, on * per_msg_birth, minlength=self.n_ops)
+                sink = ~to_next
+                if sink.any():
+                    self._sinks.append((
+                        self.op_app[op[sink]], n[sink], mean_done[sink] - birth[sink] / n[sink],
+                        np.full(int(sink.sum()), t1),
+                    ))
+        return nxt
+
+    # ------------------------------------------------------------ results
+    def run_steps(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step()
+
+    def take_sinks(self) -> SinkRecords:
+        """Finished cohorts since the last call."""
+        if not self._sinks:
+            e = np.empty(0)
+            return SinkRecords(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), e, e)
+        parts = list(zip(*self._sinks, strict=True))
+        self._sinks = []
+        return SinkRecords(*(np.concatenate(p) for p in parts))
+
+    def in_system(self) -> int:
+        """Messages waiting or in service anywhere."""
+        return int(self.queued.sum())

@@ -1,0 +1,66 @@
+"""Controller config: QoS classes, strategy names, node capacity; bad values name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.config import ControllerConfig
+from controller.daemon import main as controller_main
+from dsched.config import ConfigError, load_config
+
+BAD = [
+    ('[qos.classes.gold]\ntarget_latency_ms = -5\n', "qos.classes.gold.target_latency_ms"),
+    ('[qos.classes.gold]\nweight = 0\n', "qos.classes.gold.weight"),
+    ('[qos.classes.gold]\nmax_violation_ratio = 1.0\n', "qos.classes.gold.max_violation_ratio"),
+    ('[qos.classes.gold]\nmax_violation_ratio = 0\n', "qos.classes.gold.max_violation_ratio"),
+    ('[qos.classes.gold]\ntarget_ms = 5\n', "qos.classes.gold.target_ms"),
+    ('[qos]\ncolour = "red"\n', "qos.colour"),
+    ('[qos]\ndefault_class = "platinum"\n', "qos.default_class"),
+    ('allocator = "fifo"\n', "allocator"),
+    ('placement = "random"\n', "placement"),
+    ('dp_value = "money"\n', "dp_value"),
+    ('node_cost = -1\n', "node_cost"),
+    ('[node_capacity_cores]\nn1 = 0\n', "node_capacity_cores.n1"),
+    ('allocater = "qos-dp"\n', "allocater"),
+]
+
+
+@pytest.mark.parametrize(("toml", "key"), BAD)
+def test_bad_config_names_the_key(tmp_path, toml, key):
+    path = tmp_path / "c.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as err:
+        load_config(ControllerConfig, path)
+    assert err.value.key == key
+
+
+def test_bad_config_fails_the_daemon_at_startup(tmp_path, capsys):
+    path = tmp_path / "c.toml"
+    path.write_text(f'state_dir = "{tmp_path}"\n[qos.classes.gold]\nweight = 0\n')
+    assert controller_main(["--config", str(path)]) == 2
+    assert "qos.classes.gold.weight" in capsys.readouterr().err
+
+
+def test_defaults_are_qos_dp_liu_and_three_classes():
+    cfg = load_config(ControllerConfig, None)
+    assert cfg.allocator == "qos-dp" and cfg.placement == "liu"
+    assert set(cfg.qos.classes) == {"gold", "silver", "bronze"}
+    gold, bronze = cfg.qos.classes["gold"], cfg.qos.classes["bronze"]
+    assert gold.weight > cfg.qos.classes["silver"].weight > bronze.weight
+    assert gold.target_latency_ms < bronze.target_latency_ms
+
+
+def test_classes_and_capacity_from_toml(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(
+        'allocator = "demand"\nplacement = "none"\n'
+        '[qos]\ndefault_class = "batch"\n'
+        '[qos.classes.rt]\ntarget_latency_ms = 20\nmax_violation_ratio = 0.05\nweight = 10\n'
+        '[qos.classes.batch]\ntarget_latency_ms = 5000\nmax_violation_ratio = 0.5\nweight = 1\n'
+        '[node_capacity_cores]\nlocal = 1.0\n'
+    )
+    cfg = load_config(ControllerConfig, path)
+    assert set(cfg.qos.classes) == {"rt", "batch"}
+    assert cfg.qos.classes["rt"].weight == 10.0
+    assert cfg.node_capacity_cores == {"local": 1.0}
+    assert (cfg.allocator, cfg.placement) == ("demand", "none")

@@ -1,0 +1,262 @@
+"""The controller's epoch in process: reports in (the same NodeReport messages an
+agent or the simulator sends), QoS-weighted caps out, decision record, restart."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import pytest
+
+from controller.config import ControllerConfig, QosClassConfig, QosConfig
+from controller.core import Controller
+from controller.ctl import main as ctl_main
+from controller.demand import WithLatencyTarget, critical_path_weights, latency_budgets
+from controller.model import InstanceKey, OperatorKey
+from controller.pipeline import RateDemand, evaluate, forecast
+from controller.server import serve
+from controller.store import StateStore
+from dsched_pb import dsched_pb2 as pb
+from dsched_pb import dsched_pb2_grpc as pb_grpc
+from predict.queueing import allen_cunneen_wait
+
+# WordCount-like: CPU-seconds per tuple and tuples emitted per tuple executed.
+OPS = (("source", (), 0.0002, 1), ("split", ("source",), 0.001, 5), ("count", ("split",), 0.0003, 0))
+
+
+class SyntheticNode:
+    """Cumulative counters of WordCount-shaped apps on one node, as an agent reports them."""
+
+    def __init__(self, controller: Controller, node: str = "n1", cores: float = 2.0):
+        self.controller, self.node, self.slot = controller, node, 0
+        self.totals: dict[tuple, dict] = {}
+        controller.on_hello(pb.Hello(node_id=node, cpu_capacity_cores=cores, slot_seconds=1.0))
+
+    def report(self, now: float, rates: dict[str, float], latency_s: float = 0.02) -> None:
+        samples = []
+        for app, rate in rates.items():
+            arriving = rate
+            for op, up, kappa, fanout in OPS:
+                t = self.totals.setdefault((app, op), {"n": 0, "cpu": 0.0, "lat": 0.0, "done": 0})
+                t["n"] += int(arriving)
+                t["cpu"] += arriving * kappa
+                if not fanout:  # the sink completes root tuples
+                    t["lat"] += latency_s * rate
+                    t["done"] += int(rate)
+                samples.append(pb.InstanceSample(
+                    key=pb.InstanceKey(app=app, operator=op, instance=0), upstream=list(up),
+                    received_total=t["n"], executed_total=t["n"], emitted_total=t["n"] * fanout,
+                    cpu_seconds_total=t["cpu"], latency_sum_seconds_total=t["lat"],
+                    latency_count_total=t["done"], service_seconds_total=t["cpu"],
+                ))
+                arriving *= fanout or 1
+        self.slot += 1
+        self.controller.on_report(pb.NodeReport(
+            node_id=self.node, slot=self.slot, timestamp=now, slot_seconds=1.0, instances=samples,
+        ))
+
+
+def config(tmp_path, **kw) -> ControllerConfig:
+    base = dict(
+        state_dir=tmp_path / "state", slot_seconds=1.0, node_capacity_cores={"n1": 1.0},
+        theta_cores=0.05, headroom_cores=0.1, arima=False,
+        qos=QosConfig(default_class="bronze", classes={
+            "gold": QosClassConfig(100.0, 0.01, 8.0), "bronze": QosClassConfig(2000.0, 0.5, 1.0),
+        }),
+    )
+    base.update(kw)
+    cfg = ControllerConfig(**base)
+    cfg.validate()
+    return cfg
+
+
+def run(controller, node, clock, epochs, rates):
+    rec = None
+    for _ in range(epochs):
+        clock[0] += 1.0
+        node.report(clock[0], rates)
+        rec = controller.run_epoch()
+    return rec
+
+
+@pytest.fixture
+def clock():
+    return [1_000_000.0]
+
+
+def test_gold_keeps_its_demand_and_bronze_absorbs_the_shortfall(tmp_path, clock):
+    c = Controller(config(tmp_path), clock=lambda: clock[0])
+    c.set_qos("gold-wc", "gold")
+    node = SyntheticNode(c)
+    rec = run(c, node, clock, 6, {"gold-wc": 250.0, "bronze-wc": 250.0})
+    apps = {a["app"]: a for a in rec["apps"]}
+    gold, bronze = apps["gold-wc"], apps["bronze-wc"]
+    assert (gold["class"], bronze["class"]) == ("gold", "bronze")
+    assert gold["allocated_cores"] == pytest.approx(gold["demand_cores"])
+    assert bronze["cut_cores"] > 0.3 and gold["cut_cores"] == 0
+    assert gold["cap_cores"] >= gold["demand_cores"] - 1e-9
+    caps = sum(i["cap_cores"] for i in rec["instances"])
+    assert caps <= 1.0 - 0.1 + 1e-9  # node capacity override minus headroom
+    assert rec["dp"]["solved"] and rec["cuts"] and all(c_["app"] == "bronze-wc" for c_ in rec["cuts"])
+    assert math.isfinite(gold["latency_estimate_ms"]) and gold["latency_estimate_ms"] < 100
+    # The contract keys others read.
+    for key in ("app", "operator", "instances", "arrival_rate", "predicted_rate", "predictor",
+                "cap_cores", "usage_cores", "demand_cores", "queue", "latency_ms", "reason"):
+        assert key in rec["operators"][0]
+    for key in ("app", "operator", "instance", "node", "demand_cores", "demand_reason",
+                "allocated_cores", "cap_cores", "usage_cores", "cap_in_force",
+                "throttled_seconds", "queue"):
+        assert key in rec["instances"][0]
+    c.stop()
+
+
+def test_demand_allocator_ignores_classes(tmp_path, clock):
+    c = Controller(config(tmp_path, allocator="demand"), clock=lambda: clock[0])
+    c.set_qos("gold-wc", "gold")
+    rec = run(c, SyntheticNode(c), clock, 5, {"gold-wc": 250.0, "bronze-wc": 250.0})
+    apps = {a["app"]: a for a in rec["apps"]}
+    # Proportional scaling cuts both apps by the same ratio.
+    ratio = {a: r["allocated_cores"] / r["demand_cores"] for a, r in apps.items()}
+    assert ratio["gold-wc"] == pytest.approx(ratio["bronze-wc"], rel=1e-6) and ratio["gold-wc"] < 1
+    c.stop()
+
+
+def test_enough_cpu_gives_every_demand_and_recommends_removing_a_node(tmp_path, clock):
+    c = Controller(config(tmp_path, node_capacity_cores={}, node_cost=0.5), clock=lambda: clock[0])
+    SyntheticNode(c, "n2", cores=8.0)
+    node = SyntheticNode(c, "n1", cores=8.0)
+    rec = run(c, node, clock, 5, {"a": 50.0})
+    assert not rec["dp"]["solved"] and not rec["cuts"]
+    assert rec["node_recommendation"]["nodes_delta"] == -1
+    c.stop()
+
+
+def test_restart_keeps_caps_in_its_first_epoch(tmp_path, clock):
+    cfg = config(tmp_path)
+    c = Controller(cfg, clock=lambda: clock[0])
+    c.set_qos("gold-wc", "gold")
+    node = SyntheticNode(c)
+    rates = {"gold-wc": 200.0, "bronze-wc": 200.0}
+    before = run(c, node, clock, 6, rates)
+    caps_before = {(i["app"], i["operator"], i["instance"]): i["cap_cores"] for i in before["instances"]}
+    c.store.close()  # the process dies; nothing else is saved
+    c2 = Controller(cfg, store=StateStore(cfg.state_dir), clock=lambda: clock[0])
+    assert c2.qos.class_name_of("gold-wc") == "gold"
+    assert c2.epoch == before["epoch"]
+    node2 = SyntheticNode(c2)
+    node2.totals = node.totals
+    changed = []
+    for _ in range(4):
+        clock[0] += 1.0
+        node2.report(clock[0], rates)
+        rec = c2.run_epoch()
+        if rec["instances"]:
+            caps = {(i["app"], i["operator"], i["instance"]): i["cap_cores"] for i in rec["instances"]}
+            changed = {k for k in caps if caps[k] != pytest.approx(caps_before[k])}
+            break
+    assert rec["instances"], "no epoch with data after the restart"
+    assert not changed, f"caps moved after restart: {changed}"
+    # Caps of instances that had not reported again were held, not dropped.
+    assert len(c2.store.load_caps()) == len(caps_before)
+    c2.stop()
+
+
+def test_dry_run_sends_nothing_enforce_sends_caps(tmp_path, clock):
+    sent = []
+    for mode in ("dry-run", "enforce"):
+        c = Controller(config(tmp_path / mode, mode=mode), clock=lambda: clock[0])
+        node = SyntheticNode(c)
+        c.sessions.attach("n1", sent.append)
+        before = len(sent)
+        rec = run(c, node, clock, 4, {"x": 100.0})
+        assert rec["instances"]
+        assert (len(sent) > before) == (mode == "enforce")
+        c.stop()
+
+
+def test_latency_budgets_split_the_target_along_the_critical_path(tmp_path, clock):
+    weights = critical_path_weights({"a": (), "b": ("a",), "c": ("a",), "d": ("b", "c")},
+                                    {"a": 1.0, "b": 5.0, "c": 1.0, "d": 2.0})
+    assert weights == {"a": 8.0, "b": 8.0, "c": 4.0, "d": 8.0}
+    c = Controller(config(tmp_path), clock=lambda: clock[0])
+    node = SyntheticNode(c)
+    run(c, node, clock, 4, {"x": 200.0})
+    views = evaluate(c.state, 5)
+    fcs = forecast(views, 5)
+    budgets = latency_budgets(views, fcs, {"x": 0.05})
+    assert sum(budgets.values()) == pytest.approx(0.05)  # one chain: all on the critical path
+    est = WithLatencyTarget(RateDemand(), budgets)
+    for op, v in views.items():
+        d = est.estimate(v, fcs[op])[InstanceKey("x", op.operator, 0)]
+        rate_only = RateDemand().estimate(v, fcs[op])[InstanceKey("x", op.operator, 0)]
+        assert d.cores >= rate_only.cores  # the rate demand is the floor
+        mu = d.cores / fcs[op].kappa
+        sojourn = allen_cunneen_wait(fcs[op].rate, mu, 1, 1.0, 1.0) + 1 / mu
+        assert sojourn <= budgets[op] * (1 + 1e-6)
+        # A hair less CPU would miss the budget: the cap is the smallest.
+        mu_less = 0.999 * mu
+        assert allen_cunneen_wait(fcs[op].rate, mu_less, 1, 1.0, 1.0) + 1 / mu_less > budgets[op]
+    assert OperatorKey("x", "split") in budgets
+    c.stop()
+
+
+@pytest.fixture
+def served(tmp_path, clock):
+    c = Controller(config(tmp_path), clock=lambda: clock[0])
+    server = serve(c, "127.0.0.1:0")
+    address = f"127.0.0.1:{server.bound_port}"
+    channel = grpc.insecure_channel(address)
+    yield c, pb_grpc.AdminServiceStub(channel), address
+    channel.close()
+    server.stop(0)
+    c.stop()
+
+
+def test_qos_over_grpc_and_dschedctl(served, clock, capsys):
+    c, stub, address = served
+    node = SyntheticNode(c)
+    # A class for an app not seen yet is held.
+    r = stub.SetQos(pb.SetQosRequest(app="gold-wc", qos_class="gold"), timeout=5)
+    assert not r.app_known
+    with pytest.raises(grpc.RpcError) as err:
+        stub.SetQos(pb.SetQosRequest(app="gold-wc", qos_class="platinum"), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "platinum" in err.value.details() and "gold" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.SetQos(pb.SetQosRequest(app="../etc", qos_class="gold"), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    listed = {a.app: a for a in stub.ListQos(pb.ListQosRequest(), timeout=5).assignments}
+    assert listed["gold-wc"].qos_class == "gold" and not listed["gold-wc"].app_known
+    run(c, node, clock, 5, {"gold-wc": 250.0, "bronze-wc": 250.0})
+    listed = {a.app: a for a in stub.ListQos(pb.ListQosRequest(), timeout=5).assignments}
+    assert listed["gold-wc"].app_known and not listed["gold-wc"].defaulted
+    assert listed["bronze-wc"].qos_class == "bronze" and listed["bronze-wc"].defaulted
+    # dschedctl against the same server.
+    assert ctl_main(["--address", address, "qos", "set", "bronze-wc", "nope"]) == 1
+    assert "unknown QoS class" in capsys.readouterr().err
+    assert ctl_main(["--address", address, "qos", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "gold-wc" in out and "bronze-wc" in out
+    assert ctl_main(["--address", address, "plan"]) == 0
+    out = capsys.readouterr().out
+    assert "applications" in out and "qos-dp" in out
+    assert ctl_main(["--address", address, "explain", "bronze-wc", "--epochs", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("class bronze") == 3 and "cut" in out
+    reply = stub.Explain(pb.ExplainRequest(app="nobody", epochs=3), timeout=5)
+    assert "no decision" in reply.lines[0]
+
+
+def test_metrics_carry_the_qos_view(tmp_path, clock):
+    c = Controller(config(tmp_path), clock=lambda: clock[0])
+    c.set_qos("gold-wc", "gold")
+    run(c, SyntheticNode(c), clock, 5, {"gold-wc": 250.0, "bronze-wc": 250.0})
+    from prometheus_client import generate_latest
+
+    text = generate_latest(c.metrics.registry).decode()
+    for name in ("dsched_app_demand_cores{app=\"gold-wc\",class=\"gold\"}",
+                 "dsched_app_allocated_cores{app=\"bronze-wc\",class=\"bronze\"}",
+                 "dsched_app_latency_estimate_seconds{app=\"gold-wc\"}",
+                 "dsched_cluster_node_recommendation", "dsched_controller_dp_duration_seconds_count"):
+        assert name in text, name
+    c.stop()

@@ -1,0 +1,154 @@
+"""The MPC controller on the live testbed: real daemons, real gRPC, real cgroups.
+
+Two WordCount applications, one gold and one bronze, share one core (the
+controller is told so through ``node_capacity_cores``) and both burst past it.
+Gold must keep its latency under its target while bronze absorbs the shortfall;
+in dry-run the same decisions are recorded and no cgroup is touched. A
+controller killed with SIGKILL keeps every QoS assignment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import pytest
+
+from controller.ctl import main as ctl_main
+from dsched_pb import dsched_pb2 as pb
+from testbed.live.cluster import CGROUP_V1_CPU, LocalCluster, NodeSpec, remove_cgroup_tree
+from testbed.live.engine import LiveTopology
+from testbed.live.wordcount import wordcount
+
+from .conftest import require_cgroups
+
+pytestmark = pytest.mark.slow
+
+SLOT = 1.0
+GOLD_TARGET_MS = 500.0
+QOS = {
+    "default_class": "bronze",
+    "classes": {
+        "gold": {"target_latency_ms": GOLD_TARGET_MS, "max_violation_ratio": 0.05, "weight": 8.0},
+        "bronze": {"target_latency_ms": 5000.0, "max_violation_ratio": 0.5, "weight": 1.0},
+    },
+}
+BURST_AT, RUN_SECONDS = 6.0, 26.0
+
+
+def burst(t: float) -> float:
+    """100 sentences/s (~0.27 cores per app), then 250/s (~0.68 cores per app)."""
+    return 100.0 if t < BURST_AT else 250.0
+
+
+@pytest.fixture
+def cgroup_root_name():
+    require_cgroups()
+    name = f"dsched-qos-{os.getpid()}"
+    yield name
+    remove_cgroup_tree(CGROUP_V1_CPU / name)
+
+
+def _cluster(tmp_path, mode: str, cgroup_root: str) -> LocalCluster:
+    return LocalCluster(
+        tmp_path, mode=mode, slot_seconds=SLOT, agent_dry_run=(mode == "dry-run"),
+        controller_config={
+            "theta_cores": 0.05, "headroom_cores": 0.1, "min_cap_cores": 0.05,
+            "arima": False, "node_capacity_cores": {"local": 1.0}, "qos": QOS,
+        },
+        nodes=[NodeSpec("local", cgroup_root=cgroup_root, extra_config={"cpu_period_us": 10_000})],
+    )
+
+
+def _run_scenario(cluster: LocalCluster, seconds: float):
+    cluster.admin().SetQos(pb.SetQosRequest(app="gold-wc", qos_class="gold"), timeout=5)
+    sock = str(cluster.agents["local"].socket)
+    apps = [
+        LiveTopology(wordcount(app=name, parallelism=1), burst, node="local", agent_socket=sock, seed=i)
+        for i, name in enumerate(("gold-wc", "bronze-wc"))
+    ]
+    for a in apps:
+        a.start()
+    records: dict[int, dict] = {}
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            rec = cluster.plan()
+            if rec and rec.get("apps"):
+                records[rec["epoch"]] = rec
+            time.sleep(SLOT / 2)
+        started = apps[0].started_at
+        # Completions during the burst, once the controller had two slots to react.
+        burst_from = started + BURST_AT + 3 * SLOT
+        burst_to = started + seconds
+        lat = {}
+        for a in apps:
+            ack = a.acker
+            lat[a.spec.app] = [
+                x for x, t in zip(ack.latencies, ack.completion_times, strict=True)
+                if burst_from <= t <= burst_to
+            ]
+    finally:
+        stats = [a.stop(drain_timeout=120) for a in apps]
+    burst_records = [r for r in records.values() if r["timestamp"] >= apps[0].started_at + BURST_AT + 2 * SLOT]
+    return lat, burst_records, stats
+
+
+def _by_app(rec):
+    return {a["app"]: a for a in rec["apps"]}
+
+
+def test_gold_meets_its_target_while_bronze_absorbs_the_burst(tmp_path, cgroup_root_name):
+    with _cluster(tmp_path, "enforce", cgroup_root_name) as cluster:
+        lat, records, stats = _run_scenario(cluster, RUN_SECONDS)
+    assert all(s.lost == 0 and s.duplicated == 0 for s in stats)
+    assert len(records) >= 5, "too few epochs during the burst"
+    gold_alloc = statistics.mean(_by_app(r)["gold-wc"]["cap_cores"] for r in records)
+    bronze_alloc = statistics.mean(_by_app(r)["bronze-wc"]["cap_cores"] for r in records)
+    assert gold_alloc > 2 * bronze_alloc
+    assert any(_by_app(r)["bronze-wc"]["cut_cores"] > 0.2 for r in records)
+    assert all(_by_app(r)["gold-wc"]["cut_cores"] < 0.05 for r in records)
+    assert all(sum(i["cap_cores"] for i in r["instances"]) <= 0.9 + 1e-6 for r in records)
+    gold_ms = 1000 * statistics.mean(lat["gold-wc"])
+    bronze_ms = 1000 * statistics.mean(lat["bronze-wc"]) if lat["bronze-wc"] else float("inf")
+    assert gold_ms < GOLD_TARGET_MS, f"gold latency {gold_ms:.0f} ms over its target"
+    assert bronze_ms > 3 * gold_ms, f"bronze {bronze_ms:.0f} ms vs gold {gold_ms:.0f} ms"
+
+
+def test_dry_run_records_the_same_division_and_touches_no_cgroup(tmp_path, cgroup_root_name):
+    root = CGROUP_V1_CPU / cgroup_root_name
+    with _cluster(tmp_path, "dry-run", cgroup_root_name) as cluster:
+        _, records, stats = _run_scenario(cluster, 14.0)
+        assert not root.exists()
+    assert not root.exists()
+    assert all(s.lost == 0 for s in stats)
+    assert records and all(r["mode"] == "dry-run" and r["sent"] == {} for r in records)
+    # Uncapped, both apps keep up, so the demands are those of the burst itself:
+    # the division must still favour gold and cut bronze.
+    last = _by_app(records[-1])
+    assert last["gold-wc"]["cut_cores"] < 0.05 and last["bronze-wc"]["cut_cores"] > 0.2
+    assert last["gold-wc"]["cap_cores"] > 2 * last["bronze-wc"]["cap_cores"]
+
+
+def test_qos_assignments_survive_sigkill(tmp_path, capsys):
+    cluster = LocalCluster(tmp_path, mode="dry-run", slot_seconds=SLOT, agent_dry_run=True,
+                           controller_config={"qos": QOS})
+    cluster.start_controller()
+    try:
+        assert ctl_main(["--address", cluster.listen, "qos", "set", "gold-wc", "gold"]) == 0
+        assert ctl_main(["--address", cluster.listen, "qos", "set", "other", "bronze"]) == 0
+        assert ctl_main(["--address", cluster.listen, "qos", "set", "x", "platinum"]) == 1
+        capsys.readouterr()
+        assert ctl_main(["--address", cluster.listen, "--json", "qos", "list"]) == 0
+        before = json.loads(capsys.readouterr().out)
+        cluster.kill_controller()
+        cluster.start_controller()
+        assert ctl_main(["--address", cluster.listen, "--json", "qos", "list"]) == 0
+        after = json.loads(capsys.readouterr().out)
+    finally:
+        cluster.stop()
+    assert after == before
+    assigned = {a["app"]: a["qosClass"] for a in after["assignments"]}
+    assert assigned == {"gold-wc": "gold", "other": "bronze"}

@@ -1,0 +1,59 @@
+"""The pieces of `dsched bench predict`: the G/G/M simulator against exact M/M/c
+results, the forecast scoring, and the queueing summary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.predict import load_traces, one_step_errors, queueing_summary, simulate_ggm_wait
+from predict.queueing import allen_cunneen_wait, erlang_c_wait
+
+
+@pytest.mark.parametrize("servers,rho", [(1, 0.7), (2, 0.8), (4, 0.6)])
+def test_simulator_matches_erlang_c_for_mmc(servers, rho):
+    lam = rho * servers
+    sim, stderr = simulate_ggm_wait(lam, 1.0, servers, 1.0, 1.0, customers=150_000, seed=11)
+    exact = erlang_c_wait(lam, 1.0, servers)
+    assert abs(sim - exact) < max(4 * stderr, 0.03 * exact)
+
+
+def test_simulator_deterministic_service_matches_pollaczek_khinchine():
+    # M/D/1: Wq = rho / (2 mu (1 - rho)), which Allen-Cunneen also gives exactly.
+    lam = 0.6
+    sim, stderr = simulate_ggm_wait(lam, 1.0, 1, 1.0, 1e-6, customers=150_000, seed=5)
+    exact = 0.6 / (2 * 0.4)
+    assert abs(sim - exact) < max(4 * stderr, 0.03 * exact)
+    assert allen_cunneen_wait(lam, 1.0, 1, 1.0, 0.0) == pytest.approx(exact)
+
+
+def test_one_step_errors_scores_every_predictor():
+    series = 50.0 + 2.0 * np.arange(80, dtype=float)
+    scores = one_step_errors(series, warmup=30)
+    assert set(scores) == {"last_value", "linear_trend", "arima", "max_rule"}
+    # A straight line: the linear trend is exact, last value is off by the slope.
+    assert scores["linear_trend"]["rmse"] == pytest.approx(0.0, abs=1e-9)
+    assert scores["last_value"]["rmse"] == pytest.approx(2.0)
+
+
+def test_benchmark_traces_are_seeded_and_cover_the_named_shapes():
+    a, b = load_traces(1, quick=True), load_traces(1, quick=True)
+    assert set(a) == {"triangle", "random_steps", "diurnal", "poisson", "weibull"}
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+        assert np.all(np.isfinite(a[name])) and np.all(a[name] >= 0)
+    # Poisson and Weibull arrivals at 0.2..1 per 100 ms: 2..10 per second.
+    assert 1.5 < a["poisson"].mean() < 10.5
+
+
+def test_queueing_summary_median_and_counts():
+    rows = [
+        {"utilization": 0.5, "servers": 1, "ca2": 1.0, "cs2": 1.0, "relative_error": 0.02},
+        {"utilization": 0.9, "servers": 2, "ca2": 0.25, "cs2": 1.0, "relative_error": -0.2},
+        {"utilization": 0.9, "servers": 2, "ca2": 2.0, "cs2": 1.0, "relative_error": 0.5},
+        {"utilization": 0.3, "servers": 2, "ca2": 1.0, "cs2": 1.0, "relative_error": 0.9},
+    ]
+    s = queueing_summary(rows)
+    assert s["median_abs_relative_error_util_0.5_0.95_scv_le_1"] == pytest.approx(0.11)
+    assert s["cells_over_10pct"] == 3
+    assert s["by_servers"]["1"] == pytest.approx(0.02)

@@ -36,19 +36,28 @@ def revision() -> str:
     root = Path(__file__).resolve().parent.parent
     try:
         rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-            timeout=5, check=True,
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-            capture_output=True, text=True, timeout=5,
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
         return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
-def write_result(path: str | Path | None, benchmark: str, figures: dict[str, Any]) -> dict[str, Any]:
+def write_result(
+    path: str | Path | None, benchmark: str, figures: dict[str, Any]
+) -> dict[str, Any]:
     """Write ``figures`` with machine and revision as JSON to ``path`` (if given); return it."""
     doc = {
         "benchmark": benchmark,

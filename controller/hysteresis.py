@@ -53,7 +53,9 @@ def step(state: HysteresisState, demand_cores: float, theta: float) -> Hysteresi
     if prev_demand is not None:
         # Net decrease since the last change: a rise that stays under the cap
         # cancels part of an earlier fall instead of being forgotten.
-        state.accumulated_decrease = max(0.0, state.accumulated_decrease + prev_demand - demand_cores)
+        state.accumulated_decrease = max(
+            0.0, state.accumulated_decrease + prev_demand - demand_cores
+        )
     if target < state.cap and state.accumulated_decrease >= theta / 2 - 1e-12:
         state.cap, state.accumulated_decrease = target, 0.0
         return HysteresisStep(target, True, "lower")

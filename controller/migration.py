@@ -133,10 +133,15 @@ class LogOnlyMoveActuator:
         for m in plan.moves:
             log.info(
                 "dry-run: would move %s from %s/%s to %s/%s",
-                m.instance, m.from_node, m.from_worker, m.to_node, m.to_worker,
+                m.instance,
+                m.from_node,
+                m.from_worker,
+                m.to_node,
+                m.to_worker,
             )
         return MoveResult(
-            actuator=self.name, executed=False,
+            actuator=self.name,
+            executed=False,
             affected_workers=list(plan.affected_workers),
         )
 
@@ -158,7 +163,9 @@ class TestbedMoveActuator:
     def execute(self, plan: Plan) -> MoveResult:
         body = json.dumps(plan_to_dict(plan)).encode()
         request = urllib.request.Request(
-            f"{self.url}/moves", data=body, method="POST",
+            f"{self.url}/moves",
+            data=body,
+            method="POST",
             headers={"Content-Type": "application/json"},
         )
         try:

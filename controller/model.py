@@ -79,7 +79,12 @@ class InstanceHistory:
         return cls(s.key, s.node, s.worker, s.stateful, s.upstream, deque(maxlen=depth))
 
     def add(self, s: InstanceSlot) -> None:
-        self.node, self.worker, self.stateful, self.upstream = s.node, s.worker, s.stateful, s.upstream
+        self.node, self.worker, self.stateful, self.upstream = (
+            s.node,
+            s.worker,
+            s.stateful,
+            s.upstream,
+        )
         self.slots.append(s)
         self.last_seen = s.timestamp
 

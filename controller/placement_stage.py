@@ -147,8 +147,10 @@ def plan_placement(
     ``scale_in`` False: only overload and vanished nodes trigger a plan (pass a
     strategy built without scale in too, e.g. ``get_strategy("liu", scale_in=False)``).
     """
-    if isinstance(headroom_cores, bool) or not isinstance(headroom_cores, int | float) or not (
-        headroom_cores >= 0
+    if (
+        isinstance(headroom_cores, bool)
+        or not isinstance(headroom_cores, int | float)
+        or not (headroom_cores >= 0)
     ):
         raise ValueError(f"headroom_cores must be a number >= 0, got {headroom_cores!r}")
     if isinstance(strategy, str):
@@ -171,8 +173,12 @@ def placement_summary(plan: Plan) -> dict[str, Any]:
         "strategy": plan.strategy,
         "moves": [
             {
-                "instance": m.instance, "from_node": m.from_node, "to_node": m.to_node,
-                "from_worker": m.from_worker, "to_worker": m.to_worker, "stateful": m.stateful,
+                "instance": m.instance,
+                "from_node": m.from_node,
+                "to_node": m.to_node,
+                "from_worker": m.from_worker,
+                "to_worker": m.to_worker,
+                "stateful": m.stateful,
             }
             for m in plan.moves
         ],

@@ -1,7 +1,7 @@
 """The controller's side of the history: one spool file per slot, published atomically.
 
 Each slot the controller hands its samples to :class:`SpoolWriter`, which writes a
-JSON document in the version-1 spool format (see :mod:`spark_stream.schema`) to a
+JSON Lines file in the version-1 spool format (see :mod:`spark_stream.schema`) to a
 hidden temporary file and renames it into place, so the streaming job never sees
 half a file. The spool is bounded: when it would grow beyond ``max_spool_bytes``
 (Spark down or far behind) the slot is dropped and counted instead of filling the
@@ -60,7 +60,7 @@ def _clean(kind: str, sample: dict[str, Any], fields: list[tuple[str, str]]) -> 
 
 def encode_slot(slot: int, timestamp: float, slot_seconds: float, instances: list[dict],
                 nodes: list[dict], decision: dict | None, written_at: float | None = None) -> bytes:
-    """The version-1 spool document for one slot; ValueError naming the bad parameter."""
+    """The version-1 spool file (JSON Lines) for one slot; ValueError naming the bad parameter."""
     if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
         raise ValueError(f"slot must be a non-negative integer, got {slot!r}")
     if not isinstance(timestamp, int | float) or not math.isfinite(timestamp) or timestamp < 0:
@@ -71,17 +71,14 @@ def encode_slot(slot: int, timestamp: float, slot_seconds: float, instances: lis
         decision_text = None if decision is None else json.dumps(decision, sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"decision is not JSON-able: {exc}") from None
-    doc = {
-        "v": S.SPOOL_SCHEMA_VERSION,
-        "slot": slot,
-        "timestamp": float(timestamp),
-        "slot_seconds": float(slot_seconds),
-        "written_at": time.time() if written_at is None else written_at,
-        "instances": [_clean("instances", s, S.INSTANCE_FIELDS) for s in instances],
-        "nodes": [_clean("nodes", s, S.NODE_FIELDS) for s in nodes],
-        "decision": decision_text,
-    }
-    return json.dumps(doc, separators=(",", ":")).encode()
+    head = {"v": S.SPOOL_SCHEMA_VERSION, "slot": slot, "timestamp": float(timestamp),
+            "slot_seconds": float(slot_seconds)}
+    lines = [{**head, "kind": "instance", **_clean("instances", s, S.INSTANCE_FIELDS)} for s in instances]
+    lines += [{**head, "kind": "node", **_clean("nodes", s, S.NODE_FIELDS)} for s in nodes]
+    lines.append({**head, "kind": "slot", "decision": decision_text,
+                  "written_at": time.time() if written_at is None else written_at})
+    lines.append({**head, "kind": "tick"})
+    return "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
 
 
 class SpoolWriter:

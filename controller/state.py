@@ -129,7 +129,9 @@ class ClusterState:
             self._reject(result, node, "bad_timestamp", f"timestamp {ts!r}")
             return result
         if ts > now + MAX_CLOCK_SKEW_SECONDS:
-            self._reject(result, node, "future_timestamp", f"{ts - now:.0f} s ahead of the controller")
+            self._reject(
+                result, node, "future_timestamp", f"{ts - now:.0f} s ahead of the controller"
+            )
             return result
         if ts <= agent.last_timestamp:
             self._reject(result, node, "duplicate_report", f"slot {report.slot} already seen")
@@ -194,9 +196,15 @@ class ClusterState:
             self.agents[node].caps[key] = cap
         throttled = s.throttled_seconds_total if s.HasField("throttled_seconds_total") else None
         current = _Baseline(
-            report.timestamp, s.received_total, s.executed_total, s.emitted_total,
-            s.cpu_seconds_total, s.latency_sum_seconds_total, s.latency_count_total,
-            s.service_seconds_total, throttled,
+            report.timestamp,
+            s.received_total,
+            s.executed_total,
+            s.emitted_total,
+            s.cpu_seconds_total,
+            s.latency_sum_seconds_total,
+            s.latency_count_total,
+            s.service_seconds_total,
+            throttled,
         )
         prev = self._baselines.get(key)
         self._baselines[key] = current
@@ -219,19 +227,32 @@ class ClusterState:
         if went_back:
             # An instance that restarted begins its counters again; its new
             # reading becomes the baseline and this slot carries no delta.
-            self._reject(result, node, "counter_reset", f"{key}: {', '.join(went_back)} went backwards")
+            self._reject(
+                result, node, "counter_reset", f"{key}: {', '.join(went_back)} went backwards"
+            )
             return None
         throttled_delta = None
         if throttled is not None and prev.throttled_seconds is not None:
             throttled_delta = max(0.0, throttled - prev.throttled_seconds)
         return InstanceSlot(
-            key=key, node=node, worker=worker, stateful=s.stateful, slot=report.slot,
-            timestamp=report.timestamp, seconds=seconds,
-            received=deltas["received"], executed=deltas["executed"], emitted=deltas["emitted"],
-            cpu_seconds=deltas["cpu_seconds"], queue_length=float(s.queue_length),
-            latency_sum_seconds=deltas["latency_sum"], latency_count=deltas["latency_count"],
-            service_seconds=deltas["service_seconds"], cap_cores=cap,
-            throttled_seconds=throttled_delta, upstream=upstream,
+            key=key,
+            node=node,
+            worker=worker,
+            stateful=s.stateful,
+            slot=report.slot,
+            timestamp=report.timestamp,
+            seconds=seconds,
+            received=deltas["received"],
+            executed=deltas["executed"],
+            emitted=deltas["emitted"],
+            cpu_seconds=deltas["cpu_seconds"],
+            queue_length=float(s.queue_length),
+            latency_sum_seconds=deltas["latency_sum"],
+            latency_count=deltas["latency_count"],
+            service_seconds=deltas["service_seconds"],
+            cap_cores=cap,
+            throttled_seconds=throttled_delta,
+            upstream=upstream,
         )
 
     def _learn_topology(self, slot: InstanceSlot) -> None:
@@ -240,7 +261,9 @@ class ClusterState:
         topo.stateful[slot.key.operator] = slot.stateful
 
     def _forget_vanished(self, now: float) -> None:
-        gone = [k for k, h in self.histories.items() if now - h.last_seen > self.forget_after_seconds]
+        gone = [
+            k for k, h in self.histories.items() if now - h.last_seen > self.forget_after_seconds
+        ]
         for k in gone:
             del self.histories[k]
             self._baselines.pop(k, None)

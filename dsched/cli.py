@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         doc = (mod.__doc__ or "").strip()
         p = bench_sub.add_parser(
-            name, help=doc.splitlines()[0] if doc else name, description=doc,
+            name,
+            help=doc.splitlines()[0] if doc else name,
+            description=doc,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         mod.add_arguments(p)

@@ -53,7 +53,8 @@ AGENT_METRICS = (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=120.0, help="seconds of input (default 120)")
     p.add_argument(
-        "--mode", choices=["enforce", "dry-run"],
+        "--mode",
+        choices=["enforce", "dry-run"],
         help="default: enforce when cgroups are writable, else dry-run",
     )
     p.add_argument("--json", type=Path, help="write epochs and summary as JSON to this path")
@@ -61,10 +62,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-rate", type=float, default=300.0, help="peak sentences/s (default 300)")
     p.add_argument("--low-rate", type=float, default=40.0, help="lowest sentences/s (default 40)")
     p.add_argument("--parallelism", type=int, default=4, help="instances per operator (default 4)")
-    p.add_argument("--cgroup-root", default="dsched", help="agent's cgroup directory (default dsched)")
+    p.add_argument(
+        "--cgroup-root", default="dsched", help="agent's cgroup directory (default dsched)"
+    )
     p.add_argument("--workdir", type=Path, help="state, sockets and logs (default: a temp dir)")
     p.add_argument(
-        "--cpu-period-us", type=int, default=10_000,
+        "--cpu-period-us",
+        type=int,
+        default=10_000,
         help="CFS period the agent uses (default 10000: short periods keep a throttled "
         "thread from stalling its process's other threads for long)",
     )
@@ -90,8 +95,11 @@ def epoch_table(rec: dict[str, Any]) -> Table:
         lat = o["latency_ms"]
         t.add_row(
             o["operator"] if len(apps) == 1 else f"{o['app']}/{o['operator']}",
-            f"{o['arrival_rate']:.0f}", f"{o['predicted_rate']:.0f}",
-            f"{o['cap_cores']:.2f}", f"{o['usage_cores']:.2f}", f"{o['queue']:.0f}",
+            f"{o['arrival_rate']:.0f}",
+            f"{o['predicted_rate']:.0f}",
+            f"{o['cap_cores']:.2f}",
+            f"{o['usage_cores']:.2f}",
+            f"{o['queue']:.0f}",
             "-" if lat is None else f"{lat:.1f}",
         )
     return t
@@ -137,7 +145,13 @@ def run(args: argparse.Namespace) -> int:
         mode=mode,
         slot_seconds=args.slot_seconds,
         controller_config={"theta_cores": 0.05, "headroom_cores": 0.1, "min_cap_cores": 0.05},
-        nodes=[NodeSpec("local", cgroup_root=args.cgroup_root, extra_config={"cpu_period_us": args.cpu_period_us})],
+        nodes=[
+            NodeSpec(
+                "local",
+                cgroup_root=args.cgroup_root,
+                extra_config={"cpu_period_us": args.cpu_period_us},
+            )
+        ],
         agent_dry_run=(mode == "dry-run"),
     )
     spec = wordcount(parallelism=args.parallelism)
@@ -193,7 +207,9 @@ def run(args: argparse.Namespace) -> int:
         "cap_error_cores_p50": statistics.median(errors) if errors else None,
         "cap_error_samples": len(errors),
         "latency_ms_mean": 1000 * statistics.fmean(lat) if lat else None,
-        "latency_ms_p99": 1000 * lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] if lat else None,
+        "latency_ms_p99": 1000 * lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)]
+        if lat
+        else None,
         "epochs": len(records),
         "interrupted": interrupted.is_set(),
         "cgroups_created": (not cgroups_before) and bool(observed["cgroups"]),
@@ -209,9 +225,13 @@ def run(args: argparse.Namespace) -> int:
                 "epoch": r["epoch"],
                 "operators": [
                     {
-                        "app": o["app"], "operator": o["operator"], "arrival": o["arrival_rate"],
-                        "predicted": o["predicted_rate"], "cap_cores": o["cap_cores"],
-                        "usage_cores": o["usage_cores"], "queue": o["queue"],
+                        "app": o["app"],
+                        "operator": o["operator"],
+                        "arrival": o["arrival_rate"],
+                        "predicted": o["predicted_rate"],
+                        "cap_cores": o["cap_cores"],
+                        "usage_cores": o["usage_cores"],
+                        "queue": o["queue"],
                         "latency_ms": o["latency_ms"],
                     }
                     for o in r["operators"]

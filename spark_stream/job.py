@@ -2,14 +2,14 @@
 
 Plan of one query:
 
-1. the file source reads ``slot-*.json`` from the spool with an explicit schema
-   (``multiLine``: one JSON document per slot file, so a file is valid or not as a whole);
-2. each file becomes one array of uniform records, exploded once: one per instance
-   sample, one per node sample, one ``slot`` record carrying the decision, one
-   ``tick`` record stamped at the slot's end (it moves the watermark past the slot so
-   its window closes without waiting for the next slot), or, for a file that is not
-   valid JSON, has another schema version or lacks a required field, a single
-   ``quarantine`` record with the reason;
+1. the file source reads ``slot-*.json`` (JSON Lines) from the spool with an explicit
+   schema and a corrupt-record column;
+2. each line becomes one uniform record: instance and node samples and the ``slot``
+   line (with the decision) at the slot's start, the ``tick`` line at the slot's end
+   (it moves the watermark past the slot so its window closes without waiting for the
+   next slot); a line that is not valid JSON, has another schema version or lacks a
+   required field becomes a ``quarantine`` record with the reason, and the file is
+   moved to the quarantine directory once its batch is committed;
 3. a watermark on event time, then one streaming aggregation grouped by
    (window, kind, keys) — append mode, so every window is emitted exactly once, when
    the watermark has passed its end;
@@ -76,50 +76,11 @@ def _spark_type(name: str):
 
 
 def spool_spark_schema():
-    """The explicit Spark schema of a spool file (version 1) plus the corrupt-record column."""
+    """The explicit Spark schema of a spool line (version 1) plus the corrupt-record column."""
     from pyspark.sql import types as T
 
-    def struct(fields: list[tuple[str, str]]) -> T.StructType:
-        return T.StructType([T.StructField(n, _spark_type(t), True) for n, t in fields])
-
-    return T.StructType(
-        [
-            T.StructField("v", T.LongType(), True),
-            T.StructField("slot", T.LongType(), True),
-            T.StructField("timestamp", T.DoubleType(), True),
-            T.StructField("slot_seconds", T.DoubleType(), True),
-            T.StructField("written_at", T.DoubleType(), True),
-            T.StructField("instances", T.ArrayType(struct(S.INSTANCE_FIELDS)), True),
-            T.StructField("nodes", T.ArrayType(struct(S.NODE_FIELDS)), True),
-            T.StructField("decision", T.StringType(), True),
-            T.StructField("_corrupt_record", T.StringType(), True),
-        ]
-    )
-
-
-# The uniform record every spool entry is turned into before the aggregation.
-_RECORD_FIELDS: list[tuple[str, str]] = [
-    ("kind", "string"),
-    ("app", "string"),
-    ("operator", "string"),
-    ("node", "string"),
-    ("slot_key", "long"),
-    ("source_file", "string"),
-    ("detail", "string"),
-    ("stateful", "long"),
-    *[(c, "double") for c in S.OPERATOR_COUNTERS + S.OPERATOR_GAUGES + S.NODE_GAUGES],
-]
-
-
-def _record(kind: str, event_time, **values):
-    from pyspark.sql import functions as F
-
-    cols = [F.lit(kind).alias("kind"), event_time.cast("timestamp").alias("event_time")]
-    for name, typ in _RECORD_FIELDS[1:]:
-        value = values.get(name)
-        expr = F.lit(None) if value is None else value
-        cols.append(expr.cast(_spark_type(typ)).alias(name))
-    return F.struct(*cols)
+    fields = [T.StructField(n, _spark_type(t), True) for n, t in S.line_fields()]
+    return T.StructType([*fields, T.StructField("_corrupt_record", T.StringType(), True)])
 
 
 def windows_stream(spark, config: HistoryConfig):
@@ -128,53 +89,50 @@ def windows_stream(spark, config: HistoryConfig):
 
     raw = (
         spark.readStream.schema(spool_spark_schema())
-        .option("multiLine", "true")
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", "_corrupt_record")
         .option("pathGlobFilter", "slot-*.json")
         .json(str(config.spool_dir))
-        .select("*", F.col("_metadata.file_name").alias("file_name"))
+        .withColumn("file_name", F.col("_metadata.file_name"))
     )
+    kind = F.col("kind")
     reason = (
         F.when(F.col("_corrupt_record").isNotNull(), F.lit("bad_json"))
         .when(F.col("v").isNull() | (F.col("v") != S.SPOOL_SCHEMA_VERSION), F.lit("schema_version"))
         .when(
-            F.col("slot").isNull() | F.col("timestamp").isNull() | F.col("slot_seconds").isNull()
-            | (F.col("slot_seconds") <= 0),
+            kind.isNull() | ~kind.isin(*S.LINE_KINDS) | F.col("slot").isNull()
+            | F.col("timestamp").isNull() | F.col("slot_seconds").isNull()
+            | (F.col("slot_seconds") <= 0)
+            | ((kind == "instance") & (F.col("app").isNull() | F.col("operator").isNull()))
+            | ((kind == "node") & F.col("node").isNull()),
             F.lit("missing_field"),
         )
     )
-    start = F.timestamp_seconds(F.col("timestamp"))
-    end = F.timestamp_seconds(F.col("timestamp") + F.col("slot_seconds"))
-    instances = F.transform(
-        F.coalesce(F.col("instances"), F.array()),
-        lambda i: _record(
-            "instance", start, app=i["app"], operator=i["operator"],
-            stateful=i["stateful"].cast("long"),
-            **{c: i[c] for c in S.OPERATOR_COUNTERS + S.OPERATOR_GAUGES},
-        ),
-    )
-    nodes = F.transform(
-        F.coalesce(F.col("nodes"), F.array()),
-        lambda n: _record("node", start, node=n["node"], **{c: n[c] for c in S.NODE_GAUGES}),
-    )
-    slot = _record("slot", start, slot_key=F.col("slot"), source_file=F.col("file_name"),
-                   detail=F.col("decision"))
-    tick = _record("tick", end)
-    # A quarantined file has no trustworthy content; its name carries the slot start,
+    # A malformed line has no trustworthy content; the file name carries the slot start,
     # so it sits on the same clock as the samples and cannot push the watermark ahead.
-    name_time = F.timestamp_millis(F.regexp_extract("file_name", S.SPOOL_NAME_PATTERN, 2).cast("long"))
-    quarantine = _record("quarantine", name_time, source_file=F.col("file_name"),
-                         detail=reason)
-    records = F.when(reason.isNull(), F.concat(instances, nodes, F.array(slot, tick))).otherwise(
-        F.array(quarantine)
+    name_time = F.timestamp_millis(
+        F.regexp_extract("file_name", S.SPOOL_NAME_PATTERN, 2).cast("long"))
+    good_time = F.when(kind == "tick", F.col("timestamp") + F.col("slot_seconds")).otherwise(
+        F.col("timestamp"))
+    good = reason.isNull()
+    lines = raw.select(
+        F.when(good, kind).otherwise(F.lit("quarantine")).alias("kind"),
+        F.when(good, F.timestamp_seconds(good_time)).otherwise(name_time).alias("event_time"),
+        F.when(good & (kind == "instance"), F.col("app")).alias("app"),
+        F.when(good & (kind == "instance"), F.col("operator")).alias("operator"),
+        # Instances are grouped per operator, so their node is not part of the key.
+        F.when(good & (kind == "node"), F.col("node")).alias("node"),
+        F.when(good & (kind == "slot"), F.col("slot")).alias("slot_key"),
+        F.when(~good | (kind == "slot"), F.col("file_name")).alias("source_file"),
+        F.when(good & (kind == "slot"), F.col("decision")).otherwise(reason).alias("detail"),
+        F.col("stateful").cast("long").alias("stateful"),
+        *S.OPERATOR_COUNTERS, *S.OPERATOR_GAUGES, *S.NODE_GAUGES,
     )
-    exploded = raw.select(F.explode(records).alias("r")).select("r.*")
     keys = ["kind", "app", "operator", "node", "slot_key", "source_file", "detail"]
     sums = [F.sum(c).alias(c) for c in S.OPERATOR_COUNTERS + S.OPERATOR_GAUGES + S.NODE_GAUGES]
     counts = [F.count(c).alias(f"{c}__n") for c in S.NODE_GAUGES]
     return (
-        exploded.withWatermark("event_time", f"{int(config.watermark_seconds * 1000)} milliseconds")
+        lines.withWatermark("event_time", f"{int(config.watermark_seconds * 1000)} milliseconds")
         .groupBy(F.window("event_time", f"{int(config.window_seconds * 1000)} milliseconds"), *keys)
         .agg(F.count(F.lit(1)).alias("samples"), F.max("stateful").alias("stateful"), *sums, *counts)
         .select(F.col("window.start").alias("window_start"),
@@ -225,7 +183,7 @@ def decision_records(groups: pd.DataFrame, batch_id: int) -> pd.DataFrame:
 
 
 def quarantine_records(groups: pd.DataFrame, batch_id: int) -> pd.DataFrame:
-    bad = groups[groups["kind"] == "quarantine"].rename(columns={"detail": "reason"})
+    bad = groups[groups["kind"] == "quarantine"].rename(columns={"detail": "reason", "samples": "lines"})
     bad = bad.assign(batch_id=batch_id)
     return bad[S.QUARANTINE_TABLE.names].sort_values("source_file")
 

@@ -3,23 +3,29 @@
 Shared by the writer (controller/spool.py), the streaming job and the reader, and
 free of Spark imports so the controller can use it without a JVM.
 
-Spool file: one JSON document per slot, published by atomic rename as
+Spool file: JSON Lines, one flat record per line, published by atomic rename as
 ``slot-<slot, 12 digits>-<slot start in Unix milliseconds, 13 digits>.json``. The
 name carries the slot's time so even a file whose content cannot be parsed is
-placed on the controller's clock (the watermark never sees another clock)::
+placed on the controller's clock (the watermark never sees another clock).
 
-    {"v": 1, "slot": 42, "timestamp": 1700000000.0, "slot_seconds": 10.0,
-     "written_at": 1700000010.1,
-     "instances": [{"app", "operator", "instance", "node", "worker", "stateful",
-                    "arrivals", "executed", "emitted", "cpu_seconds", "queue_length",
-                    "latency_sum_seconds", "latency_count", "service_seconds",
-                    "cap_cores"}, ...],
-     "nodes": [{"node", "cpu_capacity_cores", "cpu_usage_cores",
-                "memory_bandwidth_bytes_per_second", "llc_occupancy_bytes"}, ...],
-     "decision": "<the decision record as a JSON string, or null>"}
+Every line has ``v`` (the schema version, 1), ``kind``, ``slot``, ``timestamp``
+(start of the slot, Unix seconds; the slot covers ``[timestamp, timestamp +
+slot_seconds)``) and ``slot_seconds``; then, by kind:
 
-``timestamp`` is the start of the slot (Unix seconds); the slot covers
-``[timestamp, timestamp + slot_seconds)``.
+* ``instance``: app, operator, instance, node, worker, stateful, arrivals,
+  executed, emitted, cpu_seconds, queue_length, latency_sum_seconds,
+  latency_count, service_seconds, cap_cores (null when uncapped);
+* ``node``: node, cpu_capacity_cores, cpu_usage_cores,
+  memory_bandwidth_bytes_per_second and llc_occupancy_bytes (null when the node
+  cannot measure them);
+* ``slot`` (one per file): decision (the decision record as a JSON string, or
+  null), written_at;
+* ``tick`` (one per file, last line): marks the end of the slot; its event time is
+  ``timestamp + slot_seconds``, which lets the watermark close the slot's window
+  as soon as the file is read instead of one slot later.
+
+Flat lines rather than one nested document: Spark parses and splits line-delimited
+JSON several times faster than multi-line documents.
 """
 
 from __future__ import annotations
@@ -78,6 +84,24 @@ NODE_GAUGES = [
 ]
 
 QUARANTINE_REASONS = ("bad_json", "schema_version", "missing_field")
+LINE_KINDS = ("instance", "node", "slot", "tick")
+# Fields every line has, then the per-kind ones (slot lines: decision, written_at).
+COMMON_FIELDS: list[tuple[str, str]] = [
+    ("v", "long"),
+    ("kind", "string"),
+    ("slot", "long"),
+    ("timestamp", "double"),
+    ("slot_seconds", "double"),
+]
+SLOT_FIELDS: list[tuple[str, str]] = [("decision", "string"), ("written_at", "double")]
+
+
+def line_fields() -> list[tuple[str, str]]:
+    """The union of all line fields, each once, in a fixed order (the Spark schema)."""
+    seen: dict[str, str] = {}
+    for name, typ in COMMON_FIELDS + INSTANCE_FIELDS + NODE_FIELDS + SLOT_FIELDS:
+        seen.setdefault(name, typ)
+    return list(seen.items())
 
 
 def spool_file_name(slot: int, timestamp: float) -> str:
@@ -137,6 +161,7 @@ QUARANTINE_TABLE = pa.schema(
     [
         ("source_file", pa.string()),
         ("reason", pa.string()),
+        ("lines", pa.int64()),
         ("batch_id", pa.int64()),
     ]
 )

@@ -23,7 +23,9 @@ def make_agent(cgroup_v1_cpu: Path):
     def make(**extra) -> NodeAgent:
         root = unique_root()
         agent = NodeAgent(
-            AgentConfig(cgroup_mode="v1", cgroup_mount=str(cgroup_v1_cpu), cgroup_root=root, **extra)
+            AgentConfig(
+                cgroup_mode="v1", cgroup_mount=str(cgroup_v1_cpu), cgroup_root=root, **extra
+            )
         )
         made.append((agent, root))
         return agent

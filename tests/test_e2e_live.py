@@ -60,27 +60,34 @@ def cgroup_root_name():
 
 def test_enforce_caps_reach_the_kernel_and_metrics_serve(tmp_path, cgroup_root_name):
     cluster = LocalCluster(
-        tmp_path, mode="enforce", slot_seconds=SLOT,
+        tmp_path,
+        mode="enforce",
+        slot_seconds=SLOT,
         controller_config={"theta_cores": 0.05},
         nodes=[NodeSpec("n1", cgroup_root=cgroup_root_name)],
     )
     with cluster:
         topo = LiveTopology(
-            wordcount(app="e2e", parallelism=2), lambda t: 60.0, node="n1",
+            wordcount(app="e2e", parallelism=2),
+            lambda t: 60.0,
+            node="n1",
             agent_socket=str(cluster.agents["n1"].socket),
         )
         topo.start()
         try:
             root = CGROUP_V1_CPU / cgroup_root_name
             quotas = _wait_for(
-                lambda: {k: q for k, q in _quotas(root).items() if q > 0} or None, 30,
+                lambda: {k: q for k, q in _quotas(root).items() if q > 0} or None,
+                30,
                 "caps under the agent's cgroup root",
             )
             assert any("e2e" in k for k in quotas)
             ctrl = scrape(cluster.metrics)
             for name in (
-                "dsched_agents_connected", "dsched_dry_run",
-                "dsched_controller_epoch_duration_seconds", "dsched_instance_cpu_cap_cores",
+                "dsched_agents_connected",
+                "dsched_dry_run",
+                "dsched_controller_epoch_duration_seconds",
+                "dsched_instance_cpu_cap_cores",
                 "dsched_operator_predicted_rate_tuples_per_second",
             ):
                 assert name in ctrl, name
@@ -88,7 +95,8 @@ def test_enforce_caps_reach_the_kernel_and_metrics_serve(tmp_path, cgroup_root_n
             assert metric_value(ctrl, "dsched_dry_run") == 0
             agent = scrape(cluster.agents["n1"].metrics)
             for name in (
-                "dsched_agent_threads_managed", "dsched_instance_cpu_usage_cores",
+                "dsched_agent_threads_managed",
+                "dsched_instance_cpu_usage_cores",
                 "dsched_agent_cap_writes_total",
             ):
                 assert name in agent, name
@@ -102,12 +110,17 @@ def test_enforce_caps_reach_the_kernel_and_metrics_serve(tmp_path, cgroup_root_n
 def test_dry_run_creates_no_cgroup(tmp_path, cgroup_root_name):
     root = CGROUP_V1_CPU / cgroup_root_name
     cluster = LocalCluster(
-        tmp_path, mode="dry-run", slot_seconds=SLOT, agent_dry_run=True,
+        tmp_path,
+        mode="dry-run",
+        slot_seconds=SLOT,
+        agent_dry_run=True,
         nodes=[NodeSpec("n1", cgroup_root=cgroup_root_name)],
     )
     with cluster:
         topo = LiveTopology(
-            wordcount(app="dry", parallelism=2), lambda t: 40.0, node="n1",
+            wordcount(app="dry", parallelism=2),
+            lambda t: 40.0,
+            node="n1",
             agent_socket=str(cluster.agents["n1"].socket),
         )
         topo.start()
@@ -127,14 +140,18 @@ def test_controller_killed_and_restarted_keeps_caps(tmp_path, cgroup_root_name):
     """SIGKILL the controller: caps stay in the kernel, the agent reconnects and
     the restarted controller resumes from SQLite without dropping caps."""
     cluster = LocalCluster(
-        tmp_path, mode="enforce", slot_seconds=SLOT,
+        tmp_path,
+        mode="enforce",
+        slot_seconds=SLOT,
         controller_config={"theta_cores": 0.05},
         nodes=[NodeSpec("n1", cgroup_root=cgroup_root_name, extra_config={"lease_epochs": 30})],
     )
     root = CGROUP_V1_CPU / cgroup_root_name
     with cluster:
         topo = LiveTopology(
-            wordcount(app="crash", parallelism=2), lambda t: 50.0, node="n1",
+            wordcount(app="crash", parallelism=2),
+            lambda t: 50.0,
+            node="n1",
             agent_socket=str(cluster.agents["n1"].socket),
         )
         topo.start()
@@ -149,8 +166,11 @@ def test_controller_killed_and_restarted_keeps_caps(tmp_path, cgroup_root_name):
             cluster.start_controller()
             cluster.wait_agents(1)
             rec = _wait_for(
-                lambda: (p := cluster.plan()) and p["epoch"] > epoch_before + 1 and p["instances"] and p,
-                30, "epochs after restart",
+                lambda: (
+                    (p := cluster.plan()) and p["epoch"] > epoch_before + 1 and p["instances"] and p
+                ),
+                30,
+                "epochs after restart",
             )
             assert rec["mode"] == "enforce"  # the persisted mode wins over nothing
             assert capped <= {k for k, q in _quotas(root).items() if q > 0}
@@ -161,13 +181,17 @@ def test_controller_killed_and_restarted_keeps_caps(tmp_path, cgroup_root_name):
 
 def test_agent_started_before_controller_connects_later(tmp_path, cgroup_root_name):
     cluster = LocalCluster(
-        tmp_path, mode="enforce", slot_seconds=SLOT,
+        tmp_path,
+        mode="enforce",
+        slot_seconds=SLOT,
         nodes=[NodeSpec("n1", cgroup_root=cgroup_root_name)],
     )
     try:
         cluster.start_agent(cluster.nodes[0])  # nothing listens at the controller address yet
         time.sleep(2 * SLOT)
-        assert cluster.agents["n1"].proc.poll() is None, "agent must keep running without a controller"
+        assert cluster.agents["n1"].proc.poll() is None, (
+            "agent must keep running without a controller"
+        )
         cluster.start_controller()
         cluster.wait_agents(1, timeout=60)
     finally:

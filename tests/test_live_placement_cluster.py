@@ -64,11 +64,11 @@ def _our_instances(record: dict | None) -> list[dict]:
     return [i for i in (record or {}).get("instances", []) if i["app"] == APP]
 
 
-def test_overloaded_node_sheds_only_stateless_instances_without_losing_tuples(
-    tmp_path, node_roots
-):
+def test_overloaded_node_sheds_only_stateless_instances_without_losing_tuples(tmp_path, node_roots):
     cluster = LocalCluster(
-        tmp_path, mode="enforce", slot_seconds=1.0,
+        tmp_path,
+        mode="enforce",
+        slot_seconds=1.0,
         controller_config={"headroom_cores": HEADROOM},
         nodes=[NodeSpec(n, cgroup_root=root.name) for n, root in node_roots.items()],
     )
@@ -83,8 +83,11 @@ def test_overloaded_node_sheds_only_stateless_instances_without_losing_tuples(
         topo.start()
         endpoint = MoveEndpoint({APP: topo}).start()
         try:
-            _wait_for(lambda: len(_our_instances(cluster.plan())) == 6, 30,
-                      "all six instances in the controller's record")
+            _wait_for(
+                lambda: len(_our_instances(cluster.plan())) == 6,
+                30,
+                "all six instances in the controller's record",
+            )
             capacity = {n: NODE_CORES for n in node_roots}
             plan = None
             # Raise the rate until the controller's predicted demand overloads n1.
@@ -100,9 +103,13 @@ def test_overloaded_node_sheds_only_stateless_instances_without_losing_tuples(
                     # Without scale in: at low rates n2 could be emptied, which is
                     # a different decision than the one under test.
                     plan = plan_placement(
-                        {"instances": _our_instances(cluster.plan())}, capacity, current,
-                        get_strategy("liu", scale_in=False), headroom_cores=HEADROOM,
-                        dags=DAG, scale_in=False,
+                        {"instances": _our_instances(cluster.plan())},
+                        capacity,
+                        current,
+                        get_strategy("liu", scale_in=False),
+                        headroom_cores=HEADROOM,
+                        dags=DAG,
+                        scale_in=False,
                     )
                 if plan is not None:
                     break

@@ -23,10 +23,22 @@ RATE = 120.0  # roots per second: modest, the machine is shared
 
 def _plan(*moves: Move) -> Plan:
     return Plan(
-        strategy="test", moves=moves, assignment={}, workers=(), affected_workers=(),
-        affected_stateful_workers=(), new_workers=(), stateful_moves=0, restarted_stateful=0,
-        nodes_used=0, mixed_workers=0, overloaded_nodes=(), inter_node_traffic_before=0.0,
-        inter_node_traffic_after=0.0, plan_seconds=0.0, reasons=(),
+        strategy="test",
+        moves=moves,
+        assignment={},
+        workers=(),
+        affected_workers=(),
+        affected_stateful_workers=(),
+        new_workers=(),
+        stateful_moves=0,
+        restarted_stateful=0,
+        nodes_used=0,
+        mixed_workers=0,
+        overloaded_nodes=(),
+        inter_node_traffic_before=0.0,
+        inter_node_traffic_after=0.0,
+        plan_seconds=0.0,
+        reasons=(),
     )
 
 
@@ -154,8 +166,10 @@ def test_moves_to_unknown_node_or_from_a_stale_place_are_refused(topology):
 
 def test_workers_reach_the_driver_over_tcp():
     topo = DistributedTopology(
-        wordcount(app="wc", parallelism=1, split_ms=0.5), lambda t: RATE,
-        nodes={"n1": None, "n2": None}, listen=("127.0.0.1", 0),
+        wordcount(app="wc", parallelism=1, split_ms=0.5),
+        lambda t: RATE,
+        nodes={"n1": None, "n2": None},
+        listen=("127.0.0.1", 0),
     )
     topo.start()
     try:

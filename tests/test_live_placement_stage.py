@@ -25,22 +25,32 @@ from testbed.live.actuator import MoveEndpoint
 
 APP = "wc"
 DAG = {APP: [("source", "split"), ("split", "count")]}
-LAYOUT = [("source", 0, "n1"), ("source", 1, "n1"), ("split", 0, "n1"), ("split", 1, "n1"),
-          ("count", 0, "n1"), ("count", 1, "n2")]
+LAYOUT = [
+    ("source", 0, "n1"),
+    ("source", 1, "n1"),
+    ("split", 0, "n1"),
+    ("split", 1, "n1"),
+    ("count", 0, "n1"),
+    ("count", 1, "n2"),
+]
 
 
 def _record(split_cores: float, count_cores: float = 0.1) -> dict:
     demand = {"source": 0.05, "split": split_cores, "count": count_cores}
-    return {"instances": [
-        {"app": APP, "operator": op, "instance": i, "node": node, "demand_cores": demand[op]}
-        for op, i, node in LAYOUT
-    ]}
+    return {
+        "instances": [
+            {"app": APP, "operator": op, "instance": i, "node": node, "demand_cores": demand[op]}
+            for op, i, node in LAYOUT
+        ]
+    }
 
 
 def _current() -> dict[str, tuple[str, bool]]:
     return {
-        f"{APP}/{op}/{i}": (f"{APP}-{'stateful' if op == 'count' else 'stateless'}-{node}",
-                            op == "count")
+        f"{APP}/{op}/{i}": (
+            f"{APP}-{'stateful' if op == 'count' else 'stateless'}-{node}",
+            op == "count",
+        )
         for op, i, node in LAYOUT
     }
 
@@ -50,8 +60,10 @@ CAPACITY = {"n1": 0.7, "n2": 0.7}
 
 def test_no_plan_when_no_node_is_overloaded_and_none_can_be_emptied():
     # n1 carries 0.52 of 0.6 usable; n2's 0.1 does not fit in n1's 0.08 spare.
-    assert plan_placement(_record(0.16), CAPACITY, _current(), "liu", headroom_cores=0.1,
-                          dags=DAG) is None
+    assert (
+        plan_placement(_record(0.16), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
+        is None
+    )
 
 
 def test_overloaded_node_moves_only_stateless_instances_when_that_suffices():
@@ -78,13 +90,24 @@ def test_scale_in_can_be_switched_off():
     from controller.placement import get_strategy
 
     strategy = get_strategy("liu", scale_in=False)
-    assert plan_placement(_record(0.05), CAPACITY, _current(), strategy, headroom_cores=0.1,
-                          dags=DAG, scale_in=False) is None
+    assert (
+        plan_placement(
+            _record(0.05),
+            CAPACITY,
+            _current(),
+            strategy,
+            headroom_cores=0.1,
+            dags=DAG,
+            scale_in=False,
+        )
+        is None
+    )
 
 
 def test_instances_on_a_vanished_node_are_placed_again():
-    plan = plan_placement(_record(0.05), {"n1": 1.0}, _current(), "liu", headroom_cores=0.1,
-                          dags=DAG)
+    plan = plan_placement(
+        _record(0.05), {"n1": 1.0}, _current(), "liu", headroom_cores=0.1, dags=DAG
+    )
     assert plan is not None
     assert [(m.instance, m.from_node, m.to_node) for m in plan.moves] == [
         (f"{APP}/count/1", "n2", "n1")
@@ -92,8 +115,9 @@ def test_instances_on_a_vanished_node_are_placed_again():
 
 
 def test_strategies_are_chosen_by_name():
-    plan = plan_placement(_record(0.3), CAPACITY, _current(), "rstorm", headroom_cores=0.1,
-                          dags=DAG)
+    plan = plan_placement(
+        _record(0.3), CAPACITY, _current(), "rstorm", headroom_cores=0.1, dags=DAG
+    )
     assert plan is not None and plan.strategy == "rstorm"
     with pytest.raises(ValueError, match="unknown placement strategy"):
         plan_placement(_record(0.3), CAPACITY, _current(), "nope")
@@ -138,11 +162,34 @@ def test_plans_survive_json_and_malformed_plans_are_refused():
     with pytest.raises(ValueError, match="'moves' must be a list"):
         plan_from_dict({"moves": "x"})
     with pytest.raises(ValueError, match=r"moves\[0\]' lacks 'to_node'"):
-        plan_from_dict({"moves": [{"instance": "a/b/0", "from_worker": None, "from_node": None,
-                                   "to_worker": "w", "stateful": False}]})
+        plan_from_dict(
+            {
+                "moves": [
+                    {
+                        "instance": "a/b/0",
+                        "from_worker": None,
+                        "from_node": None,
+                        "to_worker": "w",
+                        "stateful": False,
+                    }
+                ]
+            }
+        )
     with pytest.raises(ValueError, match=r"moves\[0\].stateful"):
-        plan_from_dict({"moves": [{"instance": "a/b/0", "from_worker": None, "from_node": None,
-                                   "to_worker": "w", "to_node": "n", "stateful": "yes"}]})
+        plan_from_dict(
+            {
+                "moves": [
+                    {
+                        "instance": "a/b/0",
+                        "from_worker": None,
+                        "from_node": None,
+                        "to_worker": "w",
+                        "to_node": "n",
+                        "stateful": "yes",
+                    }
+                ]
+            }
+        )
     with pytest.raises(ValueError, match="JSON object"):
         plan_from_dict([])
 

@@ -12,7 +12,9 @@ from dsched.config import ConfigError, from_dict, load_config
 from dsched.names import InvalidName, check_name
 
 
-@pytest.mark.parametrize("bad", ["", "..", "a/../b", "a/b", "x\x00y", "../etc", ".hidden", "a b", "x" * 200, "a\\b"])
+@pytest.mark.parametrize(
+    "bad", ["", "..", "a/../b", "a/b", "x\x00y", "../etc", ".hidden", "a b", "x" * 200, "a\\b"]
+)
 def test_unsafe_names_are_refused(bad):
     with pytest.raises(InvalidName):
         check_name("app", bad)

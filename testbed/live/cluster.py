@@ -131,15 +131,20 @@ class LocalCluster:
     def start_controller(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg = {
-            "listen": self.listen, "metrics": self.metrics,
-            "state_dir": str(self.workdir / "state"), "mode": self.mode,
-            "slot_seconds": self.slot_seconds, **self.controller_config,
+            "listen": self.listen,
+            "metrics": self.metrics,
+            "state_dir": str(self.workdir / "state"),
+            "mode": self.mode,
+            "slot_seconds": self.slot_seconds,
+            **self.controller_config,
         }
         path = write_toml(self.workdir / "controller.toml", cfg)
         log = (self.workdir / "controller.log").open("ab")
         self.controller = subprocess.Popen(
             [_script("dsched-controller"), "--config", str(path), "--log-level", self.log_level],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.wait_ready()
 
@@ -147,22 +152,31 @@ class LocalCluster:
         sock = self.workdir / f"agent-{spec.node_id}.sock"
         metrics = f"127.0.0.1:{spec.metrics_port or free_port()}"
         cfg = {
-            "controller": self.listen, "node_id": spec.node_id, "cgroup_root": spec.cgroup_root,
-            "metrics": metrics, "socket": str(sock), "slot_seconds": self.slot_seconds,
-            "dry_run": self.agent_dry_run, **spec.extra_config,
+            "controller": self.listen,
+            "node_id": spec.node_id,
+            "cgroup_root": spec.cgroup_root,
+            "metrics": metrics,
+            "socket": str(sock),
+            "slot_seconds": self.slot_seconds,
+            "dry_run": self.agent_dry_run,
+            **spec.extra_config,
         }
         path = write_toml(self.workdir / f"agent-{spec.node_id}.toml", cfg)
         logfile = self.workdir / f"agent-{spec.node_id}.log"
         proc = subprocess.Popen(
             [_script("dsched-agent"), "--config", str(path), "--log-level", self.log_level],
-            stdout=logfile.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=logfile.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         agent = AgentProcess(spec, sock, metrics, proc, logfile)
         self.agents[spec.node_id] = agent
         deadline = time.monotonic() + 20
         while not sock.exists():
             if proc.poll() is not None:
-                raise RuntimeError(f"dsched-agent {spec.node_id} exited: {logfile.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"dsched-agent {spec.node_id} exited: {logfile.read_text()[-2000:]}"
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"dsched-agent {spec.node_id} did not open {sock}")
             time.sleep(0.05)
@@ -180,7 +194,8 @@ class LocalCluster:
         while True:
             if self.controller is not None and self.controller.poll() is not None:
                 raise RuntimeError(
-                    "dsched-controller exited: " + (self.workdir / "controller.log").read_text()[-2000:]
+                    "dsched-controller exited: "
+                    + (self.workdir / "controller.log").read_text()[-2000:]
                 )
             try:
                 self.admin().Status(pb.StatusRequest(), timeout=1)

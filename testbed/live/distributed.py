@@ -95,6 +95,7 @@ class WorkerHandle:
         self.out: BatchingSender | None = None
         self.pid: int | None = None
         self.alive = False
+        self.retiring = False  # asked to exit: its end is no failure
         self.receiver: threading.Thread | None = None
 
     def kill(self) -> None:
@@ -280,10 +281,17 @@ class DistributedTopology:
         if node not in self.nodes:
             raise RuntimeError(f"node {node!r} is not in the testbed")
         config = WorkerConfig(
-            worker_id=wid, app=self.spec.app, node=node, stateful=stateful,
-            address=self._listener.address, authkey=self._authkey,
-            operators=self._runtimes, agent_socket=self.nodes[node],
-            flush_seconds=self.flush_seconds, batch_size=self.batch_size, seed=self.seed,
+            worker_id=wid,
+            app=self.spec.app,
+            node=node,
+            stateful=stateful,
+            address=self._listener.address,
+            authkey=self._authkey,
+            operators=self._runtimes,
+            agent_socket=self.nodes[node],
+            flush_seconds=self.flush_seconds,
+            batch_size=self.batch_size,
+            seed=self.seed,
         )
         # A fresh interpreter (not fork, not multiprocessing's spawn) so that the
         # worker never re-imports the caller's main module and owns no copied locks.
@@ -299,12 +307,16 @@ class DistributedTopology:
                 if process.poll() is not None or time.monotonic() > deadline:
                     process.kill()
                     process.wait()
-                    raise RuntimeError(f"worker {wid} did not start (exit code {process.returncode})")
+                    raise RuntimeError(
+                        f"worker {wid} did not start (exit code {process.returncode})"
+                    )
                 self._arrived.wait(0.05)
             handle.conn = self._arrivals.pop(wid)
         handle.pid = process.pid
         handle.out = BatchingSender(
-            handle.conn, flush_seconds=self.flush_seconds, batch_size=self.batch_size,
+            handle.conn,
+            flush_seconds=self.flush_seconds,
+            batch_size=self.batch_size,
             name=f"driver->{wid}",
         )
         handle.alive = True
@@ -337,7 +349,7 @@ class DistributedTopology:
                     # plan places the instance again.
                     slot.worker = None
                     slot.replies.put(("dead", handle))
-        if not self._stop.is_set():
+        if not self._stop.is_set() and not handle.retiring:
             log.warning("worker %s is gone", handle.id)
 
     def _on_message(self, handle: WorkerHandle, item: tuple) -> None:
@@ -532,9 +544,13 @@ class DistributedTopology:
     def stats(self) -> TopologyStats:
         a = self.acker
         return TopologyStats(
-            app=self.spec.app, roots=a.roots, completed=a.completed,
+            app=self.spec.app,
+            roots=a.roots,
+            completed=a.completed,
             lost=a.in_flight if self._stop.is_set() else 0,
-            duplicated=a.duplicated, failed=a.failed, latencies=list(a.latencies),
+            duplicated=a.duplicated,
+            failed=a.failed,
+            latencies=list(a.latencies),
         )
 
     # ------------------------------------------------------------ nodes
@@ -641,7 +657,8 @@ class DistributedTopology:
         restarted = []
         with self._lock:
             orphans = [
-                s for s in self.slots.values()
+                s
+                for s in self.slots.values()
                 if s.worker is None and not s.paused and s.node in self.nodes
             ]
             for slot in orphans:
@@ -703,6 +720,7 @@ class DistributedTopology:
             busy = {id(s.worker) for s in self.slots.values() if s.worker is not None}
             idle = [h for h in self.workers.values() if h.alive and id(h) not in busy]
             for handle in idle:
+                handle.retiring = True
                 handle.out.put(("exit",), urgent=True)
         for handle in idle:
             try:

@@ -323,8 +323,13 @@ class LiveTopology:
         self._client = AgentClient(self._agent_socket)
         for inst in self.all_instances():
             self._client.register(
-                self.spec.app, inst.spec.name, inst.index, inst.worker, inst.spec.stateful,
-                tid=inst.native_id, upstream=inst.spec.upstream,
+                self.spec.app,
+                inst.spec.name,
+                inst.index,
+                inst.worker,
+                inst.spec.stateful,
+                tid=inst.native_id,
+                upstream=inst.spec.upstream,
             )
 
     def _report(self) -> None:
@@ -337,10 +342,16 @@ class LiveTopology:
         for inst in self.all_instances():
             c = inst.counters
             self._client.update(
-                self.spec.app, inst.spec.name, inst.index,
-                received=c.received, executed=c.executed, emitted=c.emitted,
-                queue_length=inst.queue.qsize(), latency_sum_seconds=c.latency_sum_seconds,
-                latency_count=c.latency_count, service_seconds=c.service_seconds,
+                self.spec.app,
+                inst.spec.name,
+                inst.index,
+                received=c.received,
+                executed=c.executed,
+                emitted=c.emitted,
+                queue_length=inst.queue.qsize(),
+                latency_sum_seconds=c.latency_sum_seconds,
+                latency_count=c.latency_count,
+                service_seconds=c.service_seconds,
             )
 
     # ------------------------------------------------------------ lifecycle
@@ -351,7 +362,9 @@ class LiveTopology:
             inst.started.wait()
         if self._agent_socket:
             self._register_all()
-            self._reporter = threading.Thread(target=self._report, name=f"{self.spec.app}.reporter", daemon=True)
+            self._reporter = threading.Thread(
+                target=self._report, name=f"{self.spec.app}.reporter", daemon=True
+            )
             self._reporter.start()
         self._t0 = time.monotonic()
         self.started_at = time.time()

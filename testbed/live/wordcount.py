@@ -44,7 +44,12 @@ def wordcount(
             OperatorSpec("source", parallelism, source_ms, _emit_sentence),
             OperatorSpec("split", parallelism, split_ms, _split, upstream=("source",)),
             OperatorSpec(
-                "count", parallelism, count_ms, _count, upstream=("split",), stateful=True,
+                "count",
+                parallelism,
+                count_ms,
+                _count,
+                upstream=("split",),
+                stateful=True,
                 grouping="fields",
             ),
         ),

@@ -59,6 +59,9 @@ BATCH_SIZE = 256
 class BatchingSender:
     """Sends items over a connection in batches from one thread, keeping their order.
 
+    The first item after a quiet spell of ``flush_seconds`` leaves at once; under
+    load, items wait at most ``flush_seconds`` or until ``batch_size`` are queued.
+
     ``put`` never blocks on I/O. A connection error stops the sender and is
     reported through ``closed``; items put afterwards are dropped (the peer is
     gone, and the driver's replay log, not this buffer, is what prevents loss).
@@ -80,6 +83,7 @@ class BatchingSender:
         self.flush_seconds = flush_seconds
         self.batch_size = batch_size
         self._items: list[tuple] = []
+        self._last_send = 0.0
         self._cond = threading.Condition()
         self._urgent = False
         self._stopping = False
@@ -94,7 +98,10 @@ class BatchingSender:
             if self.closed.is_set():
                 return
             self._items.append(item)
-            if urgent or len(self._items) >= self.batch_size:
+            # An idle link sends at once (low latency at low rates); a busy one
+            # batches (few sends at high rates), like Nagle's algorithm turned around.
+            idle = time.monotonic() - self._last_send > self.flush_seconds
+            if urgent or idle or len(self._items) >= self.batch_size:
                 self._urgent = True
                 self._cond.notify()
 
@@ -106,6 +113,7 @@ class BatchingSender:
                 batch, self._items, self._urgent = self._items, [], False
                 stopping = self._stopping
             if batch:
+                self._last_send = time.monotonic()
                 try:
                     self.conn.send(batch)
                 except (OSError, EOFError, ValueError):
@@ -212,7 +220,9 @@ class WorkerProcess:
         self.conn = Client(config.address, authkey=config.authkey)
         self.conn.send(("hello", config.worker_id, os.getpid()))
         self.out = BatchingSender(
-            self.conn, flush_seconds=config.flush_seconds, batch_size=config.batch_size,
+            self.conn,
+            flush_seconds=config.flush_seconds,
+            batch_size=config.batch_size,
             name=f"{config.worker_id}.sender",
         )
         self.instances: dict[tuple[str, int], WorkerInstance] = {}
@@ -240,10 +250,16 @@ class WorkerProcess:
         for (op, index), inst in list(self.instances.items()):
             c = inst.counters
             self._client.update(
-                self.config.app, op, index,
-                received=c.received, executed=c.executed, emitted=c.emitted,
-                queue_length=inst.queue.qsize(), latency_sum_seconds=c.latency_sum_seconds,
-                latency_count=c.latency_count, service_seconds=c.service_seconds,
+                self.config.app,
+                op,
+                index,
+                received=c.received,
+                executed=c.executed,
+                emitted=c.emitted,
+                queue_length=inst.queue.qsize(),
+                latency_sum_seconds=c.latency_sum_seconds,
+                latency_count=c.latency_count,
+                service_seconds=c.service_seconds,
             )
 
     def _report(self) -> None:

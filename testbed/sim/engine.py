@@ -43,27 +43,32 @@ class SinkRecords:
     time_s: np.ndarray
 
 
-def waterfill(want: np.ndarray, node: np.ndarray, cores: np.ndarray) -> np.ndarray:
-    """Max-min fair CPU per instance: nobody gets more than it wants, and on an
-    over-committed node every unsatisfied instance gets the same level."""
+def fair_level(want: np.ndarray, node: np.ndarray, cores: np.ndarray) -> np.ndarray:
+    """Per node, the max-min fair level: on an over-committed node every instance
+    that wants more than the level gets the level; elsewhere the level is inf."""
     n_nodes = len(cores)
     demand = np.bincount(node, want, minlength=n_nodes)
     over = demand > cores * (1 + 1e-12)
+    level = np.full(n_nodes, np.inf)
     if not over.any():
-        return want.copy()
+        return level
     m = over[node] & (want > 0)
-    level = np.zeros(n_nodes)
+    level[over] = 0.0
     for _ in range(64):
         sat = m & (want <= level[node])
         sat_sum = np.bincount(node[sat], want[sat], minlength=n_nodes)
         unsat = np.bincount(node[m & ~sat], minlength=n_nodes)
-        new = np.where(unsat > 0, (cores - sat_sum) / np.maximum(unsat, 1), level)
-        new = np.where(over, new, np.inf)
+        new = np.where(over & (unsat > 0), (cores - sat_sum) / np.maximum(unsat, 1), level)
         if np.allclose(new[over], level[over], rtol=1e-12, atol=1e-15):
-            level = new
-            break
+            return new
         level = new
-    return np.where(m, np.minimum(want, level[node]), want)
+    return level
+
+
+def waterfill(want: np.ndarray, node: np.ndarray, cores: np.ndarray) -> np.ndarray:
+    """Max-min fair CPU per instance: nobody gets more than it wants, and on an
+    over-committed node every unsatisfied instance gets the same level."""
+    return np.minimum(want, fair_level(want, node, cores)[node])
 
 
 class ClusterSim:
@@ -119,6 +124,9 @@ class ClusterSim:
         self.head = np.zeros(n, dtype=np.int64)
         self.size = np.zeros(n, dtype=np.int64)
         self.queued = np.zeros(n, dtype=np.int64)
+        self.queued_work = np.zeros(n)
+        self.work_in_step = np.zeros(n)
+        self.work_rate = np.zeros(n)  # smoothed work arriving per second
         # Cumulative counters.
         self.received = np.zeros(n, dtype=np.int64)
         self.executed = np.zeros(n, dtype=np.int64)
@@ -213,8 +221,13 @@ class ClusterSim:
         feeding[self.op_next[has_next]] = op_busy[has_next] | (in_count[has_next] > 0)
         busy = (self.size > 0) | ((in_count > 0) | feeding)[self.inst_op]
         running = alive & busy & (self.paused_until <= t0)
-        want = np.where(running, np.minimum(self.cap, 1.0), 0.0)
-        alloc = waterfill(want, self.node, self.cores)
+        limit = np.where(running, np.minimum(self.cap, 1.0), 0.0)
+        # What a thread can use this step: its backlog plus what usually arrives.
+        # Under contention CFS gives each runnable thread up to the fair level;
+        # an idle thread takes nothing from the others.
+        need = np.minimum(limit, self.queued_work / dt + self.work_rate)
+        level = fair_level(need, self.node, self.cores)
+        alloc = np.minimum(limit, level[self.node])
         slow = self.node_slowdown[self.node]
         rate = alloc / slow
         busy_time = np.zeros(self.n_inst)
@@ -237,6 +250,8 @@ class ClusterSim:
         util = np.bincount(self.node, mbw, minlength=sc.nodes) / (dt * self.cores)
         self.node_slowdown = 1.0 + sc.interference_slope * np.maximum(0.0, util - sc.interference_threshold)
         self.last_alloc = np.where(busy_time > 0, alloc, 0.0)
+        self.work_rate = 0.8 * self.work_rate + 0.2 * self.work_in_step / dt
+        self.work_in_step[:] = 0.0
         self.t = t1
 
     def _enqueue(self, ops: np.ndarray, in_count, in_tsum, in_birth) -> None:
@@ -272,6 +287,8 @@ class ClusterSim:
         self.q_start[inst, pos] = np.where(fresh, np.nan, self.q_start[inst, pos])
         self.size[inst] += fresh
         self.queued[inst] += n
+        self.queued_work[inst] += work
+        self.work_in_step[inst] += work
         self.received[inst] += n
 
     def _serve(self, slots: np.ndarray, rate: np.ndarray, t0: float, t1: float, busy_time: np.ndarray):
@@ -294,7 +311,9 @@ class ClusterSim:
             # Partly served cohorts stay at the head.
             part = ~done
             ip, hp = inst[part], h[part]
-            self.q_work[ip, hp] -= r[part] * (t1 - begin[part])
+            served = r[part] * (t1 - begin[part])
+            self.q_work[ip, hp] -= served
+            self.queued_work[ip] -= served
             self.q_start[ip, hp] = start[part]
             busy_time[ip] += t1 - begin[part]
             local[where[part]] = t1
@@ -310,6 +329,7 @@ class ClusterSim:
                 self.latency_count[i_d] += n
                 self.executed[i_d] += n
                 self.queued[i_d] -= n
+                self.queued_work[i_d] = np.maximum(0.0, self.queued_work[i_d] - self.q_work[i_d, h_d])
                 self.head[i_d] = (h_d + 1) % RING
                 self.size[i_d] -= 1
                 op = self.inst_op[i_d]

@@ -1,0 +1,71 @@
+"""Raise at once, lower after theta/2 of accumulated decrease, quantize (DESIGN §4 step 6)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controller.hysteresis import HysteresisState, quantize, step
+
+
+@pytest.mark.parametrize(
+    "demand,theta,expected",
+    [
+        (0.0, 0.2, 0.2),
+        (0.09, 0.2, 0.2),
+        (0.1, 0.2, 0.2),
+        (0.11, 0.2, 0.4),
+        (0.3, 0.2, 0.4),
+        (0.31, 0.2, 0.6),
+        (1.0, 0.1, 1.1),
+    ],
+)
+def test_quantize_matches_the_formula(demand, theta, expected):
+    assert quantize(demand, theta) == pytest.approx(expected)
+
+
+@given(st.floats(0, 64, allow_nan=False), st.sampled_from([0.05, 0.1, 0.2, 0.25]))
+def test_quantized_cap_has_margin_and_is_a_multiple(demand, theta):
+    cap = quantize(demand, theta)
+    assert cap >= demand + theta / 2 - 1e-9
+    assert cap < demand + 1.5 * theta + 1e-9
+    assert math.isclose(cap / theta, round(cap / theta), abs_tol=1e-6)
+
+
+def test_raise_at_once_lower_only_after_half_theta_of_decrease():
+    s = HysteresisState()
+    assert step(s, 0.5, 0.2).reason == "first" and s.cap == pytest.approx(0.6)
+    assert step(s, 0.71, 0.2).reason == "raise" and s.cap == pytest.approx(1.0)
+    # The quantized target is already lower (0.8), but the cap holds until the
+    # decreases accumulated since the raise reach theta/2 = 0.1.
+    assert step(s, 0.69, 0.2).reason == "hold" and s.cap == pytest.approx(1.0)
+    assert step(s, 0.65, 0.2).reason == "hold" and s.cap == pytest.approx(1.0)
+    r = step(s, 0.60, 0.2)
+    assert r.reason == "lower" and s.cap == pytest.approx(quantize(0.60, 0.2)) == pytest.approx(0.8)
+
+
+def test_a_rise_under_the_cap_cancels_part_of_an_earlier_fall():
+    s = HysteresisState()
+    step(s, 1.0, 0.2)
+    cap = s.cap
+    step(s, 0.95, 0.2)  # -0.05
+    step(s, 0.99, 0.2)  # +0.04: net -0.01
+    assert step(s, 0.94, 0.2).reason == "hold" and s.cap == cap  # net -0.06 < 0.1
+
+
+@given(st.lists(st.floats(0, 4, allow_nan=False), min_size=1, max_size=60))
+def test_cap_never_below_quantized_current_demand(demands):
+    s = HysteresisState()
+    for d in demands:
+        r = step(s, d, 0.1)
+        assert r.cap >= quantize(d, 0.1) - 1e-9 or r.reason == "hold"
+        assert r.cap >= d  # the cap always covers this epoch's demand
+
+
+@pytest.mark.parametrize("bad", [-0.1, math.nan, math.inf])
+def test_bad_demand_is_refused(bad):
+    with pytest.raises(ValueError):
+        quantize(bad, 0.1)

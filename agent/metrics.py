@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 
 from dsched.config import parse_hostport
 
 INSTANCE_LABELS = ("app", "operator", "instance", "worker")
+
+UsageSource = Callable[[], Iterable[tuple[tuple[str, str, str, str], float]]]
+
+
+class InstanceUsageCollector:
+    """``dsched_instance_cpu_usage_cores``, read from the sampler's state at scrape time.
+
+    Setting one labelled gauge per instance every sample would cost a lock and a
+    lookup per instance each second; a scrape every 15 s or more reads the same
+    numbers once.
+    """
+
+    name = "dsched_instance_cpu_usage_cores"
+    documentation = "Mean CPU of the instance's threads over the last sample, cores"
+
+    def __init__(self) -> None:
+        self.source: UsageSource = tuple
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.name, self.documentation, labels=INSTANCE_LABELS)]
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.name, self.documentation, labels=INSTANCE_LABELS)
+        for labels, value in self.source():
+            family.add_metric(labels, value)
+        yield family
 
 
 class AgentMetrics:
@@ -21,12 +50,8 @@ class AgentMetrics:
         self.instances_managed = Gauge(
             "dsched_agent_instances_managed", "Operator instances the agent knows", registry=r
         )
-        self.instance_cpu_usage = Gauge(
-            "dsched_instance_cpu_usage_cores",
-            "Mean CPU of the instance's threads over the last sample, cores",
-            INSTANCE_LABELS,
-            registry=r,
-        )
+        self.instance_cpu_usage = InstanceUsageCollector()
+        r.register(self.instance_cpu_usage)
         self.instance_cpu_cap = Gauge(
             "dsched_instance_cpu_cap_cores",
             "CPU cap the agent enforces on the instance, cores (absent when uncapped)",
@@ -91,11 +116,10 @@ class AgentMetrics:
         self._server = None
 
     def forget_instance(self, labels: tuple[str, str, str, str]) -> None:
-        for gauge in (self.instance_cpu_usage, self.instance_cpu_cap):
-            try:
-                gauge.remove(*labels)
-            except KeyError:
-                pass
+        try:
+            self.instance_cpu_cap.remove(*labels)
+        except KeyError:
+            pass
 
     def serve(self, address: str) -> int:
         """Start /metrics on HOST:PORT (port 0 picks one); returns the bound port."""

@@ -58,6 +58,22 @@ class InstanceCpu:
     def total(self) -> float:
         return self.exited_seconds + sum(self.per_tid.values())
 
+    def keep_only(self, tids: set[int]) -> None:
+        """Fold threads that left the instance into ``exited_seconds`` (stays monotonic)."""
+        for tid in [t for t in self.per_tid if t not in tids]:
+            self.exited_seconds += self.per_tid.pop(tid)
+
+
+@dataclass(slots=True)
+class SampledInstance:
+    """What one sampling pass needs of an instance; rebuilt only when threads change."""
+
+    key: InstanceKey
+    pid: int
+    tids: tuple[int, ...]
+    labels: tuple[str, str, str, str]
+    cpu: InstanceCpu
+
 
 class NodeAgent:
     def __init__(
@@ -103,7 +119,9 @@ class NodeAgent:
         self._cpu: dict[InstanceKey, InstanceCpu] = {}
         self._orphans: set[Path] = set()
         self._cap_labels: dict[InstanceKey, tuple[str, str, str, str]] = {}
-        self._usage_gauges: dict[InstanceKey, Any] = {}
+        self._plan: list[SampledInstance] = []
+        self._plan_generation = -1
+        self.metrics.instance_cpu_usage.source = self._usage_by_instance
         self.last_applied_epoch: int | None = None
         self.last_contact = time.monotonic()
         self.fallback_applied = False
@@ -171,11 +189,32 @@ class NodeAgent:
         return rec
 
     def update(self, app: Any, operator: Any, instance: Any, counters: dict[str, Any]) -> None:
+        """New cumulative counters; ``counters`` may be the whole wire message (extra keys
+        are ignored)."""
         try:
-            self.registry.update(make_key(app, operator, instance), counters)
+            key = self.registry.known_key(app, operator, instance) or make_key(
+                app, operator, instance
+            )
+            self.registry.update(key, counters)
         except RegistrationError as exc:
             self._reject(exc)
             raise
+
+    def update_many(self, items: list[Any]) -> list[tuple[int, RegistrationError]]:
+        """Apply a batch of updates, each a dict with ``app``, ``operator``, ``instance`` and
+        the counters. A refused item is counted and reported by its index; the others
+        still apply."""
+        refused: list[tuple[int, RegistrationError]] = []
+        for index, item in enumerate(items):
+            try:
+                if not isinstance(item, dict):
+                    raise RegistrationError("bad_message", "batch item must be a JSON object")
+                self.update(item.get("app"), item.get("operator"), item.get("instance"), item)
+            except RegistrationError as exc:
+                if exc.reason == "bad_message":
+                    self._reject(exc)
+                refused.append((index, exc))
+        return refused
 
     def unregister(self, app: Any, operator: Any, instance: Any) -> None:
         try:
@@ -193,7 +232,6 @@ class NodeAgent:
             self._attached.pop(key, None)
             self._cpu.pop(key, None)
             self._cap_labels.pop(key, None)
-            self._usage_gauges.pop(key, None)
         if path is not None:
             if release:
                 self._write_cap(path, None)
@@ -380,53 +418,95 @@ class NodeAgent:
     # ------------------------------------------------------------ sampling
 
     def sample(self) -> None:
-        """One pass: per-thread CPU, dead threads and empty cgroups, new threads into cgroups."""
+        """One pass: per-thread CPU, dead threads and empty cgroups, new threads into cgroups.
+
+        Per pass this reads each thread's stat once and nothing else per thread:
+        the list of threads is rebuilt only after the registry changed.
+        """
         started = time.monotonic()
         dt = started - self._last_sample
         self._last_sample = started
-        gone: list[InstanceKey] = []
-        for rec in self.registry.snapshot():
-            cpu = self._cpu.setdefault(rec.key, InstanceCpu())
-            live: set[int] = set()
-            for tid in rec.tids:
-                seconds = self.thread_cpu.read(rec.pid, tid)
+        read = self.thread_cpu.read
+        lost_threads: list[tuple[SampledInstance, list[int]]] = []
+        for inst in self._sampling_plan():
+            cpu = inst.cpu
+            per_tid = cpu.per_tid
+            total = cpu.exited_seconds
+            exited: list[int] | None = None
+            for tid in inst.tids:
+                seconds = read(inst.pid, tid)
                 if seconds is None:
-                    cpu.exited_seconds += cpu.per_tid.pop(tid, 0.0)
+                    if exited is None:
+                        exited = []
+                    exited.append(tid)
                     continue
-                cpu.per_tid[tid] = seconds
-                live.add(tid)
-            total = cpu.total
+                per_tid[tid] = seconds
+                total += seconds
+            if exited is not None:
+                for tid in exited:
+                    last = per_tid.pop(tid, 0.0)
+                    cpu.exited_seconds += last
+                    total += last
+                lost_threads.append((inst, exited))
             if dt > 0 and cpu.at_last_sample:
                 cpu.usage_cores = max(0.0, (total - cpu.at_last_sample) / dt)
             if not cpu.at_last_sample:
                 cpu.at_slot_start, cpu.slot_started = total, started
             cpu.at_last_sample = total
-            if not live:
-                gone.append(rec.key)
-                continue
-            if live != rec.tids:
-                self.registry.set_tids(rec.key, live)
-                rec.tids = live
-            with self._lock:
-                path = self.cgroups.get(rec.key)
-                if path is not None and rec.key in self.caps:
-                    self._attached[rec.key] = self._attached.get(rec.key, set()) & live
-                    self._attach(rec, path)
-            gauge = self._usage_gauges.get(rec.key)
-            if gauge is None:
-                gauge = self._usage_gauges[rec.key] = self.metrics.instance_cpu_usage.labels(
-                    *self._labels(rec)
-                )
-            gauge.set(cpu.usage_cores)
-        for key in gone:
-            log.info("threads of %s are gone; forgetting it", key)
-            self._forget(key, release=False)
+        for inst, exited in lost_threads:
+            live = set(inst.tids).difference(exited)
+            if live:
+                # Changes the registry's generation: the next pass rebuilds the plan.
+                self.registry.set_tids(inst.key, live)
+            else:
+                log.info("threads of %s are gone; forgetting it", inst.key)
+                self._forget(inst.key, release=False)
         for path in list(self._orphans):
             if self.backend.remove(path):
                 self._orphans.discard(path)
                 self.metrics.cgroups_removed.inc()
         self._refresh_gauges()
         self.metrics.sample_duration.observe(time.monotonic() - started)
+
+    def _sampling_plan(self) -> list[SampledInstance]:
+        """The instances and threads to read, rebuilt only when the registry changed."""
+        if self.registry.generation == self._plan_generation:
+            return self._plan
+        generation, records = self.registry.versioned_snapshot()
+        plan = []
+        for rec in records:
+            cpu = self._cpu.get(rec.key)
+            if cpu is None:
+                cpu = self._cpu[rec.key] = InstanceCpu()
+            cpu.keep_only(rec.tids)
+            plan.append(
+                SampledInstance(rec.key, rec.pid, tuple(sorted(rec.tids)), self._labels(rec), cpu)
+            )
+            self._attach_new_threads(rec)
+        # Stat files of threads no longer managed are closed here, on the sampling
+        # thread that owns the reader, never while a pass might read them.
+        self.thread_cpu.retain({(i.pid, t) for i in plan for t in i.tids})
+        self._plan, self._plan_generation = plan, generation
+        return plan
+
+    def _attach_new_threads(self, rec: InstanceRecord) -> None:
+        """Threads that joined a capped instance go into its cgroup; departed ones are dropped."""
+        with self._lock:
+            path = self.cgroups.get(rec.key)
+            if path is None or rec.key not in self.caps:
+                return
+            attached = self._attached.get(rec.key, set()) & rec.tids
+            self._attached[rec.key] = attached
+            if rec.tids - attached:
+                self._attach(rec, path)
+
+    def _usage_by_instance(self) -> list[tuple[tuple[str, str, str, str], float]]:
+        # Instances forgotten since the plan was built are left out.
+        return [
+            (inst.labels, inst.cpu.usage_cores)
+            for inst in self._plan
+            if self._cpu.get(inst.key) is inst.cpu
+        ]
 
     # ------------------------------------------------------------ reports
 
@@ -477,9 +557,8 @@ class NodeAgent:
             timestamp=time.time(),
             slot_seconds=self.config.slot_seconds,
         )
-        apps = set()
-        for rec in sorted(self.registry.snapshot(), key=lambda r: r.key):
-            apps.add(rec.key.app)
+        records = sorted(self.registry.snapshot(), key=lambda r: r.key)
+        for rec in records:
             cpu = self._cpu.get(rec.key) or InstanceCpu()
             total = cpu.total
             # An instance first seen mid-slot is measured from its first sample.
@@ -515,17 +594,18 @@ class NodeAgent:
                 path = self.cgroups.get(rec.key)
             if cap is not None and not self.config.dry_run:
                 sample.cap_cores = cap
-            if path is not None and self.backend.mode != "none":
+            # Uncapped instances are not throttled: their cpu.stat is not read.
+            if path is not None and cap is not None and self.backend.mode != "none":
                 throttling = self.backend.throttling(path)
                 if throttling is not None:
                     sample.periods_total = throttling.periods_total
                     sample.throttled_periods_total = throttling.throttled_periods_total
                     sample.throttled_seconds_total = throttling.throttled_seconds_total
             out.instances.append(sample)
-        out.node.CopyFrom(self._node_sample(apps))
+        out.node.CopyFrom(self._node_sample(records))
         return out
 
-    def _node_sample(self, apps: set[str]) -> pb.NodeSample:
+    def _node_sample(self, records: list[InstanceRecord]) -> pb.NodeSample:
         import psutil
 
         node = pb.NodeSample(
@@ -550,10 +630,12 @@ class NodeAgent:
                 )
             )
         if self.resctrl.available:
-            for app in apps:
-                tids = [t for r in self.registry.snapshot() if r.key.app == app for t in r.tids]
+            tids_by_app: dict[str, list[int]] = {}
+            for rec in records:
+                tids_by_app.setdefault(rec.key.app, []).extend(rec.tids)
+            for app, tids in tids_by_app.items():
                 self.resctrl.assign(app, tids)
-            reading = self.resctrl.read(apps)
+            reading = self.resctrl.read(set(tids_by_app))
             if reading is not None:
                 llc, bandwidth = reading
                 node.llc_available = True

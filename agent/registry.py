@@ -27,6 +27,8 @@ COUNTER_FIELDS = (
 )
 FLOAT_COUNTER_FIELDS = ("latency_sum_seconds", "service_seconds")
 GAUGE_FIELDS = ("queue_length",)
+WHOLE_FIELDS = frozenset(COUNTER_FIELDS + GAUGE_FIELDS)
+ALL_COUNTER_FIELDS = COUNTER_FIELDS + FLOAT_COUNTER_FIELDS + GAUGE_FIELDS
 
 
 class RegistrationError(ValueError):
@@ -91,30 +93,49 @@ def make_key(app: Any, operator: Any, instance: Any) -> InstanceKey:
     return InstanceKey(app, operator, instance)
 
 
+def _checked_value(name: str, value: Any, previous: Counters) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RegistrationError("bad_field", f"counter {name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise RegistrationError("non_finite", f"counter {name} is {value!r}")
+    if value < 0:
+        raise RegistrationError("negative", f"counter {name} is negative ({value!r})")
+    if name in WHOLE_FIELDS:
+        if value != int(value):
+            raise RegistrationError("bad_field", f"counter {name} must be whole, got {value!r}")
+        value = int(value)
+    if name not in GAUGE_FIELDS and value < getattr(previous, name):
+        raise RegistrationError(
+            "counter_backwards",
+            f"counter {name} went backwards ({getattr(previous, name)} -> {value})",
+        )
+    return value
+
+
 def check_counters(values: dict[str, Any], previous: Counters) -> Counters:
-    """New counters from an update, or RegistrationError naming why they are refused."""
-    out: dict[str, Any] = {}
-    for name in COUNTER_FIELDS + FLOAT_COUNTER_FIELDS + GAUGE_FIELDS:
-        if name not in values:
-            raise RegistrationError("bad_field", f"update lacks counter {name!r}")
-        value = values[name]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise RegistrationError("bad_field", f"counter {name} must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise RegistrationError("non_finite", f"counter {name} is {value!r}")
-        if value < 0:
-            raise RegistrationError("negative", f"counter {name} is negative ({value!r})")
-        if name in COUNTER_FIELDS + GAUGE_FIELDS:
-            if value != int(value):
-                raise RegistrationError("bad_field", f"counter {name} must be whole, got {value!r}")
-            value = int(value)
-        if name not in GAUGE_FIELDS and value < getattr(previous, name):
-            raise RegistrationError(
-                "counter_backwards",
-                f"counter {name} went backwards ({getattr(previous, name)} -> {value})",
-            )
-        out[name] = value
-    return Counters(**out)
+    """New counters from an update, or RegistrationError naming why they are refused.
+
+    ``values`` may carry other keys (a whole wire message); only the counter
+    fields are read. A field equal to the previous value, and of the same type,
+    was already checked when it arrived, so only changed fields are checked
+    again; when nothing changed the previous object is returned as it is.
+    """
+    changed: dict[str, Any] | None = None
+    for name in ALL_COUNTER_FIELDS:
+        try:
+            value = values[name]
+        except KeyError:
+            raise RegistrationError("bad_field", f"update lacks counter {name!r}") from None
+        old = getattr(previous, name)
+        # NaN never equals itself, so a NaN always takes the checked path.
+        if value == old and type(value) is type(old):
+            continue
+        if changed is None:
+            changed = {}
+        changed[name] = _checked_value(name, value, previous)
+    if changed is None:
+        return previous
+    return replace(previous, **changed)
 
 
 def _copy(rec: InstanceRecord) -> InstanceRecord:
@@ -125,11 +146,35 @@ def _copy(rec: InstanceRecord) -> InstanceRecord:
 
 
 class Registry:
-    """Thread-safe map InstanceKey -> InstanceRecord."""
+    """Thread-safe map InstanceKey -> InstanceRecord.
+
+    ``generation`` changes whenever the set of instances or of their threads
+    changes (never for counter updates), so the sampler rebuilds its view of
+    the threads only after a change instead of copying every record each pass.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: dict[InstanceKey, InstanceRecord] = {}
+        # Names as they arrive on the wire -> their checked key. Only keys that
+        # passed make_key get in, so an exact-type hit needs no name check again.
+        self._keys: dict[tuple[str, str, int], InstanceKey] = {}
+        self._threads = 0
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def known_key(self, app: Any, operator: Any, instance: Any) -> InstanceKey | None:
+        """The key of a registered instance named exactly so, without re-checking names.
+
+        Exact types matter: ``True == 1`` and ``1.0 == 1`` would otherwise find
+        the key of instance 1 for values make_key refuses.
+        """
+        if type(app) is not str or type(operator) is not str or type(instance) is not int:
+            return None
+        return self._keys.get((app, operator, instance))
 
     def register(
         self,
@@ -158,15 +203,23 @@ class Registry:
             rec = self._records.get(key)
             if rec is not None and rec.pid == pid and rec.worker == worker:
                 # One instance may run on several threads: each registers its own TID.
-                rec.tids.add(tid)
+                if tid not in rec.tids:
+                    rec.tids.add(tid)
+                    self._threads += 1
+                    self._generation += 1
                 rec.stateful = stateful
                 rec.upstream = upstream or rec.upstream
                 if rec.source == "adopted":
                     rec.source = source
-                return replace(rec, tids=set(rec.tids))
+                return _copy(rec)
+            if rec is not None:
+                self._threads -= len(rec.tids)
             rec = InstanceRecord(key, worker, stateful, pid, {tid}, source, upstream=upstream)
             self._records[key] = rec
-            return replace(rec, tids=set(rec.tids))
+            self._keys[(key.app, key.operator, key.instance)] = key
+            self._threads += 1
+            self._generation += 1
+            return _copy(rec)
 
     def update(self, key: InstanceKey, values: dict[str, Any]) -> Counters:
         with self._lock:
@@ -180,27 +233,36 @@ class Registry:
 
     def unregister(self, key: InstanceKey) -> InstanceRecord | None:
         with self._lock:
-            return self._records.pop(key, None)
+            rec = self._records.pop(key, None)
+            if rec is not None:
+                self._keys.pop((key.app, key.operator, key.instance), None)
+                self._threads -= len(rec.tids)
+                self._generation += 1
+            return rec
 
     def set_tids(self, key: InstanceKey, tids: set[int]) -> None:
         with self._lock:
             rec = self._records.get(key)
-            if rec is not None:
+            if rec is not None and rec.tids != tids:
+                self._threads += len(tids) - len(rec.tids)
                 rec.tids = set(tids)
+                self._generation += 1
 
     def get(self, key: InstanceKey) -> InstanceRecord | None:
         with self._lock:
             rec = self._records.get(key)
-            return None if rec is None else replace(rec, tids=set(rec.tids))
+            return None if rec is None else _copy(rec)
 
     def snapshot(self) -> list[InstanceRecord]:
+        return self.versioned_snapshot()[1]
+
+    def versioned_snapshot(self) -> tuple[int, list[InstanceRecord]]:
+        """(generation, copies of every record), taken under one lock."""
         with self._lock:
-            return [_copy(r) for r in self._records.values()]
+            return self._generation, [_copy(r) for r in self._records.values()]
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._records)
+        return len(self._records)
 
     def thread_count(self) -> int:
-        with self._lock:
-            return sum(len(r.tids) for r in self._records.values())
+        return self._threads

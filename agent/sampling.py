@@ -19,19 +19,30 @@ log = logging.getLogger(__name__)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def thread_cpu_seconds(proc_root: str | Path, pid: int, tid: int) -> float | None:
-    """utime + stime of one thread in seconds, or None when it has exited."""
-    try:
-        with open(f"{proc_root}/{pid}/task/{tid}/stat", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return None
-    # comm may contain spaces and parentheses: split after the last ')'.
-    fields = raw[raw.rfind(b")") + 2 :].split()
+# Fields 14 and 15 (utime, stime) end well within the first 512 bytes: pid, a comm
+# of at most 64 bytes, then 13 numbers of at most 20 digits.
+STAT_READ_BYTES = 512
+
+
+def stat_cpu_seconds(raw: bytes) -> float | None:
+    """utime + stime in seconds from the text of a /proc/<pid>/task/<tid>/stat file."""
+    # comm may contain spaces and parentheses: split after the last ')'. Splitting
+    # only 13 times leaves the other ~40 fields as one unparsed tail.
+    fields = raw[raw.rfind(b")") + 2 :].split(b" ", 13)
     try:
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     except (IndexError, ValueError):
         return None
+
+
+def thread_cpu_seconds(proc_root: str | Path, pid: int, tid: int) -> float | None:
+    """utime + stime of one thread in seconds, or None when it has exited."""
+    try:
+        with open(f"{proc_root}/{pid}/task/{tid}/stat", "rb") as fh:
+            raw = fh.read(STAT_READ_BYTES)
+    except OSError:
+        return None
+    return stat_cpu_seconds(raw)
 
 
 class ThreadCpuReader:
@@ -49,23 +60,28 @@ class ThreadCpuReader:
             if fd is None:
                 fd = os.open(f"{self.proc_root}/{pid}/task/{tid}/stat", os.O_RDONLY)
                 self._fds[(pid, tid)] = fd
-            raw = os.pread(fd, 1024, 0)
+            raw = os.pread(fd, STAT_READ_BYTES, 0)
         except OSError:
             self.forget(pid, tid)
             return None
         if not raw:
             self.forget(pid, tid)
             return None
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        try:
-            return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-        except (IndexError, ValueError):
-            return None
+        return stat_cpu_seconds(raw)
 
     def forget(self, pid: int, tid: int) -> None:
         fd = self._fds.pop((pid, tid), None)
         if fd is not None:
             os.close(fd)
+
+    def retain(self, wanted: set[tuple[int, int]]) -> None:
+        """Close the files of every (pid, tid) not in ``wanted``."""
+        for key in [k for k in self._fds if k not in wanted]:
+            self.forget(*key)
+
+    @property
+    def open_files(self) -> int:
+        return len(self._fds)
 
     def close(self) -> None:
         for key in list(self._fds):

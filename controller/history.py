@@ -129,13 +129,13 @@ class HistoryReader:
         return max(0.0, (time.time() if now is None else now) - end)
 
     def quarantine_counts(self) -> dict[str, int]:
-        """How many spool files were quarantined, by reason."""
+        """How many spool files were quarantined, by reason (a file counts once per reason)."""
         table = self.config.quarantine_table_dir
         files = _batch_files_newest_first(table)
         if not files:
             return {}
         frame = pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
-        frame = frame.drop_duplicates(subset=["source_file"])
+        frame = frame.drop_duplicates(subset=["source_file", "reason"])
         return {str(k): int(v) for k, v in frame.groupby("reason").size().items()}
 
     def models(self) -> FittedModels:

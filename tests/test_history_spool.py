@@ -28,11 +28,13 @@ def test_slot_file_is_versioned_json_published_under_its_final_name(tmp_path):
     instances, nodes = H.slot_samples(3)
     path = writer.write_slot(3, H.T0 + 30, 10.0, instances, nodes, {"why": "raise"})
     assert path.name == "slot-000000000003-1700000030000.json"
-    doc = json.loads(path.read_text())
-    assert doc["v"] == S.SPOOL_SCHEMA_VERSION
-    assert doc["slot"] == 3 and doc["timestamp"] == H.T0 + 30
-    assert len(doc["instances"]) == len(instances) and doc["nodes"][1]["llc_occupancy_bytes"] is None
-    assert json.loads(doc["decision"]) == {"why": "raise"}
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert all(line["v"] == S.SPOOL_SCHEMA_VERSION and line["slot"] == 3 for line in lines)
+    assert all(line["timestamp"] == H.T0 + 30 and line["slot_seconds"] == 10.0 for line in lines)
+    kinds = [line["kind"] for line in lines]
+    assert kinds == ["instance"] * len(instances) + ["node"] * len(nodes) + ["slot", "tick"]
+    assert lines[len(instances) + 1]["llc_occupancy_bytes"] is None
+    assert json.loads(lines[-2]["decision"]) == {"why": "raise"}
     assert [p.name for p in writer.spool_dir.iterdir()] == [path.name]  # no temp file left
     assert writer.files == 1 and writer.bytes == path.stat().st_size
 

@@ -52,7 +52,7 @@ from testbed.live.engine import InstanceCounters, OperatorSpec, Tuple, burn
 log = logging.getLogger(__name__)
 
 #: Default micro-batching: a batch leaves after this long or at this many items.
-FLUSH_SECONDS = 0.005
+FLUSH_SECONDS = 0.002
 BATCH_SIZE = 256
 
 

@@ -269,7 +269,7 @@ def seed004(
             arr = ArrivalSpec("weibull", rate=scale * math.gamma(1 + 1 / shape) * 10.0, shape=shape)
         specs.append((arr, CLASS_NAMES[classes[a]]))
     paper_work = sum(arr.rate * op_means[i].sum() for i, (arr, _) in enumerate(specs))
-    work_scale = u * nodes * cores / paper_work
+    work_scale = u * cores / paper_work
     app_specs = []
     for i, (arr, cls) in enumerate(specs):
         ops = tuple(

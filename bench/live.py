@@ -1,0 +1,750 @@
+"""`dsched bench live`: the adaptive scheme's experiments on real threads and real caps.
+
+Reproduces the WordCount (regular and random rate) and HTTP monitor experiments
+of Liu et al. (seed 001, section V) on this machine: the same topology and the
+same time-compressed trace are run once per contender, one after another:
+
+- ``dsched``: the real ``dsched-controller`` and ``dsched-agent`` (enforce mode)
+  drive the caps;
+- ``static-0.7`` / ``static-0.3``: R-Storm's fixed 0.7 / 0.3 core per executor,
+  scaled so that ``static-0.7`` adds up to the testbed's capacity;
+- ``equal``: static caps whose per-operator totals equal dsched's mean
+  allocation in the same run (so ``dsched`` runs first);
+- ``uncapped``: no per-instance cap.
+
+Every contender gets the same CPU: the instance tree's quota is the testbed's
+capacity (``--capacity-cores``), and the run lives in a cgroup of its own
+with a high ``cpu.shares`` (:class:`testbed.live.static.Reservation`) so that
+other work on a shared machine does not eat into it. Tuples that take longer
+than ``--timeout`` (the paper's 30 s scaled by the slot compression) count as
+failed; after the trace the run waits one timeout for the tuples in flight,
+then drops what is left (counted as failed and lost).
+
+JSON: ``scenario``, ``scale``, ``trace``, ``contenders.<name>`` (metrics and
+per-slot / per-operator series) and ``ratios`` (dsched against the others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import statistics
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.registry import InstanceKey
+from bench.common import write_result
+from testbed import traces
+from testbed.live import http_monitor as httpmon
+from testbed.live import wordcount as wc
+from testbed.live.cluster import CGROUP_V1_CPU, LocalCluster, NodeSpec
+from testbed.live.engine import TopologySpec
+from testbed.live.static import (
+    Reservation,
+    Scale,
+    SliceBurnTopology,
+    StaticCaps,
+    release_and_remove,
+    static_caps,
+)
+
+SCENARIOS = ("wordcount-regular", "wordcount-random", "http")
+CONTENDERS = ("dsched", "static-0.3", "static-0.7", "equal", "uncapped")
+PAPER_SLOT_SECONDS = 10.0
+PAPER_TIMEOUT_SECONDS = 30.0
+# The trace's peak needs this share of static-0.7's caps on the busiest operator.
+PEAK_SHARE = 0.85
+# Trace values above this many peaks are refused (a trace is a fraction of the peak).
+MAX_TRACE_LEVEL = 1.5
+
+
+class Interrupted(Exception):
+    """SIGINT / SIGTERM arrived; the run stopped everything it had started."""
+
+
+# ---------------------------------------------------------------- topologies
+
+
+def balanced_vocabulary(words: int = 20, instances: int = 4) -> tuple[str, ...]:
+    """``words`` words that spread evenly over ``instances`` count instances.
+
+    The stock vocabulary sends 40% of the words to one count instance; with
+    equal per-executor caps (R-Storm) that instance would saturate first and
+    the comparison would measure the skew, not the allocation.
+    """
+    per_bucket = math.ceil(words / instances)
+    buckets: dict[int, list[str]] = {b: [] for b in range(instances)}
+    for base in wc.WORDS * 8:
+        for suffix in range(100):
+            w = f"{base}{suffix}"
+            b = zlib.crc32(w.encode()) % instances
+            if len(buckets[b]) < per_bucket and w not in buckets[b]:
+                buckets[b].append(w)
+                break
+        if all(len(v) >= per_bucket for v in buckets.values()):
+            break
+    return tuple(w for b in range(instances) for w in buckets[b])[:words]
+
+
+def wordcount_spec(parallelism: int = 4) -> TopologySpec:
+    """WordCount with equal CPU per root in each operator (1.5 ms: source, split, 5 x count)."""
+    vocabulary = balanced_vocabulary(instances=parallelism)
+
+    def sentence(n: int, rng: random.Random) -> tuple[str, str]:
+        return str(n), " ".join(rng.choice(vocabulary) for _ in range(wc.WORDS_PER_SENTENCE))
+
+    spec = wc.wordcount(parallelism=parallelism, source_ms=1.5, split_ms=1.5, count_ms=0.3)
+    return dataclasses.replace(spec, make_root=sentence)
+
+
+def operator_cpu_per_root_ms(spec: TopologySpec, fanout: Mapping[str, float]) -> dict[str, float]:
+    """Mean CPU milliseconds each operator spends per root tuple."""
+    arrivals = {o.name: 1.0 for o in spec.sources}
+    out: dict[str, float] = {}
+    for o in spec.operators:  # topological order
+        a = arrivals.get(o.name, 0.0)
+        out[o.name] = a * o.cost_ms
+        for c in spec.children(o.name):
+            arrivals[c.name] = arrivals.get(c.name, 0.0) + a * fanout.get(o.name, 1.0)
+    return out
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    spec: TopologySpec
+    fanout: Mapping[str, float]
+    group_keys: Mapping[str, Callable[[Any], str]]
+    levels: np.ndarray  # per slot, as a fraction of the peak rate
+    slot_seconds: float
+    scale: Scale
+
+    @property
+    def peak_rate(self) -> float:
+        """Roots per second at which the busiest operator needs PEAK_SHARE of static-0.7."""
+        per_op = operator_cpu_per_root_ms(self.spec, self.fanout)
+        by_op = {o.name: o.parallelism * self.scale.core_07 / (per_op[o.name] / 1000.0)
+                 for o in self.spec.operators if per_op[o.name] > 0}
+        return PEAK_SHARE * min(by_op.values())
+
+    @property
+    def rates(self) -> np.ndarray:
+        return self.levels * self.peak_rate
+
+    def rate_function(self) -> Callable[[float], float]:
+        rates = [float(r) for r in self.rates]
+
+        def rate(t: float) -> float:
+            return rates[min(max(int(t / self.slot_seconds), 0), len(rates) - 1)]
+
+        return rate
+
+    def peak_cores(self) -> float:
+        return self.peak_rate * self.spec.cpu_per_root_ms(dict(self.fanout)) / 1000.0
+
+
+def scenario_topology(name: str) -> tuple[TopologySpec, dict[str, float], dict]:
+    if name.startswith("wordcount"):
+        return wordcount_spec(), dict(wc.FANOUT), {}
+    if name == "http":
+        return httpmon.http_monitor(), dict(httpmon.FANOUT), dict(httpmon.GROUP_KEYS)
+    raise ValueError(f"unknown scenario {name!r} (known: {', '.join(SCENARIOS)})")
+
+
+def scenario_levels(name: str, slots: int, seed: int) -> np.ndarray:
+    """The rate schedule as fractions of the peak, one value per slot."""
+    if name == "wordcount-regular":
+        # The paper rises for 5 minutes and falls for 5, twice: two periods.
+        return traces.triangle(slots, 0.1, 1.0, period=max(2, slots // 2))
+    if name == "wordcount-random":
+        # A fresh level 1..25 every slot (the paper's number of Kafka producers).
+        return traces.random_steps(slots, 1, 25, seed=seed) / 25.0
+    if name == "http":
+        day = traces.diurnal(slots, 0.15, 0.7, bursts=max(1, slots // 15), seed=seed, burst_height=0.4)
+        return np.minimum(day, 1.0)
+    raise ValueError(f"unknown scenario {name!r} (known: {', '.join(SCENARIOS)})")
+
+
+def parse_trace_file(path: Path) -> np.ndarray:
+    """A trace file: a JSON list of numbers, or one number per line (``#`` comments).
+
+    Values are fractions of the scenario's peak rate, one per slot.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"--trace {path}: cannot read: {exc.strerror}") from None
+    stripped = text.strip()
+    try:
+        if stripped.startswith("["):
+            values = json.loads(stripped)
+            if not isinstance(values, list):
+                raise ValueError("not a list")
+            levels = [float(v) if not isinstance(v, bool) else float("nan") for v in values]
+        else:
+            levels = [
+                float(line.split("#", 1)[0])
+                for line in text.splitlines()
+                if line.split("#", 1)[0].strip()
+            ]
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--trace {path}: does not parse as numbers: {exc}") from None
+    if not levels:
+        raise ValueError(f"--trace {path}: no values")
+    bad = [v for v in levels if not math.isfinite(v) or v < 0 or v > MAX_TRACE_LEVEL]
+    if bad:
+        raise ValueError(
+            f"--trace {path}: values must be finite fractions of the peak in [0, {MAX_TRACE_LEVEL}], "
+            f"got {bad[0]!r}"
+        )
+    return np.asarray(levels, dtype=float)
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def thread_cpu_seconds(tid: int) -> float | None:
+    """CPU seconds (user + system) of one thread of this process, from procfs."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Samples:
+    """Once a second: per instance CPU seconds and cap, and the roots in flight."""
+
+    times: list[float] = field(default_factory=list)
+    cpu: list[dict[tuple[str, int], float]] = field(default_factory=list)
+    caps: list[dict[tuple[str, int], float | None]] = field(default_factory=list)
+    in_flight: list[int] = field(default_factory=list)
+    plans: dict[int, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+
+
+class Sampler:
+    """Reads the instances' CPU from procfs and their caps from the cgroup files."""
+
+    def __init__(self, topo: SliceBurnTopology, backend, t0: float, cluster: LocalCluster | None):
+        self.topo, self.backend, self.t0, self.cluster = topo, backend, t0, cluster
+        self.samples = Samples()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench.sampler", daemon=True)
+
+    def _cap(self, inst) -> float | None:
+        key = InstanceKey(self.topo.spec.app, inst.spec.name, inst.index)
+        path = self.backend.instance_path(key, inst.worker)
+        return self.backend.read_cap(path) if path.exists() else None
+
+    def sample(self) -> None:
+        s = self.samples
+        now = time.monotonic() - self.t0
+        cpu, caps = {}, {}
+        for inst in self.topo.all_instances():
+            ref = (inst.spec.name, inst.index)
+            if inst.native_id is not None:
+                used = thread_cpu_seconds(inst.native_id)
+                if used is not None:
+                    cpu[ref] = used
+            caps[ref] = self._cap(inst)
+        s.times.append(now)
+        s.cpu.append(cpu)
+        s.caps.append(caps)
+        s.in_flight.append(self.topo.acker.in_flight)
+        if self.cluster is not None:
+            try:
+                rec = self.cluster.plan()
+            except Exception:  # noqa: BLE001 - a slow admin call must not stop sampling
+                rec = None
+            if rec and rec.get("operators") and rec["epoch"] not in s.plans:
+                s.plans[rec["epoch"]] = (now, rec)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.sample()
+
+    def start(self) -> Sampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> Samples:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return self.samples
+
+
+# ---------------------------------------------------------------- one contender
+
+
+@dataclass
+class RunSettings:
+    duration: float
+    slot_seconds: float
+    timeout: float
+    capacity_cores: float
+    cpu_period_us: int
+    seed: int
+    workdir: Path
+    reservation: Reservation
+    interrupted: threading.Event
+
+
+def controller_config(scale: Scale, executors: int) -> dict[str, Any]:
+    """Fine cap granularity: with a dozen executors sharing two cores, theta = 0.1
+    core would round each cap up by more than its whole demand."""
+    return {
+        "theta_cores": 0.01,
+        "min_cap_cores": 0.01,
+        "headroom_cores": 0.05,
+        "node_capacity_cores": {"local": scale.capacity_cores},
+    }
+
+
+def _wait(settings: RunSettings, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if settings.interrupted.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
+            raise Interrupted()
+
+
+def run_contender(
+    name: str, scn: Scenario, settings: RunSettings, equal_by_operator: Mapping[str, float] | None
+) -> dict[str, Any]:
+    """Run the whole trace once under contender ``name``; everything started is stopped."""
+    period = settings.cpu_period_us
+    res = settings.reservation
+    backend = res.backend(period)
+    cluster: LocalCluster | None = None
+    topo: SliceBurnTopology | None = None
+    sampler: Sampler | None = None
+    static: StaticCaps | None = None
+    try:
+        agent_socket = None
+        if name == "dsched":
+            executors = sum(o.parallelism for o in scn.spec.operators)
+            cluster = LocalCluster(
+                settings.workdir / f"{scn.name}-{name}",
+                mode="enforce",
+                slot_seconds=settings.slot_seconds,
+                controller_config=controller_config(scn.scale, executors),
+                nodes=[NodeSpec("local", cgroup_root=Reservation.TESTBED, extra_config={
+                    "cgroup_mode": "v1", "cgroup_mount": str(res.top), "cpu_period_us": period,
+                    "capacity_cores": settings.capacity_cores, "sample_seconds": 0.5,
+                })],
+            )
+            cluster.start()
+            agent_socket = str(cluster.agents["local"].socket)
+        topo = SliceBurnTopology(
+            scn.spec, scn.rate_function(), node="local", agent_socket=agent_socket,
+            timeout_seconds=settings.timeout, seed=settings.seed, group_keys=scn.group_keys,
+        )
+        topo.start()
+        t0 = topo._t0
+        if name == "dsched":
+            # Until the agent's first cap moves them, the instances share the capacity.
+            res.place((i.native_id for i in topo.all_instances()), period, settings.capacity_cores)
+        else:
+            caps = static_caps(name, scn.spec.operators, scn.scale, equal_by_operator)
+            static = StaticCaps(res.top, Reservation.TESTBED, period)
+            static.apply(topo, caps, settings.capacity_cores)
+        sampler = Sampler(topo, backend, t0, cluster).start()
+        _wait(settings, settings.duration - (time.monotonic() - t0))
+        topo.stop_input()
+        deadline = time.monotonic() + settings.timeout + 1.0
+        while topo.acker.in_flight and time.monotonic() < deadline:
+            _wait(settings, 0.1)
+        drained_at = time.monotonic() - t0
+        samples = sampler.stop()
+        sampler = None
+        unfinished = topo.abort()
+        return summarize(name, scn, settings, topo, samples, unfinished, drained_at)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        if topo is not None:
+            topo.abort()
+        if cluster is not None:
+            cluster.stop()
+        release_and_remove(backend)
+        del static
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))]
+
+
+def summarize(
+    name: str, scn: Scenario, settings: RunSettings, topo: SliceBurnTopology, samples: Samples,
+    unfinished: int, drained_at: float,
+) -> dict[str, Any]:
+    a = topo.acker
+    started = topo.started_at
+    latencies = np.asarray(a.latencies, dtype=float)
+    done_at = np.asarray(a.completion_times, dtype=float) - started
+    lat_sorted = sorted(latencies.tolist())
+    on_time = int(np.sum(latencies <= settings.timeout))
+    late = int(a.failed)
+
+    ops = [o.name for o in scn.spec.operators]
+    n_inst = sum(o.parallelism for o in scn.spec.operators)
+    share = settings.capacity_cores / n_inst
+    t = np.asarray(samples.times)
+    # Intervals between samples inside the input window [0, duration].
+    alloc_total = used_total = 0.0
+    series_ops: dict[str, dict[str, list]] = {
+        o: {"time_s": [], "cap_cores": [], "usage_cores": [], "predicted_demand_cores": []} for o in ops
+    }
+    alloc_by_op = dict.fromkeys(ops, 0.0)
+    window = 0.0
+    for k in range(1, len(t)):
+        lo, hi = t[k - 1], min(t[k], settings.duration)
+        if hi <= lo:
+            continue
+        dt = t[k] - t[k - 1]
+        used_frac = (hi - lo) / dt
+        caps_now = samples.caps[k - 1]
+        alloc_now = 0.0
+        for o in ops:
+            cap_o = use_o = 0.0
+            for ref, cap in caps_now.items():
+                if ref[0] != o:
+                    continue
+                cap_o += share if cap is None else min(cap, settings.capacity_cores)
+                before, after = samples.cpu[k - 1].get(ref), samples.cpu[k].get(ref)
+                if before is not None and after is not None:
+                    use_o += (after - before) / dt
+            alloc_now += cap_o
+            alloc_by_op[o] += cap_o * (hi - lo)
+            used_total += use_o * dt * used_frac
+            s = series_ops[o]
+            s["time_s"].append(round(float(t[k]), 2))
+            s["cap_cores"].append(round(cap_o, 4))
+            s["usage_cores"].append(round(use_o, 4))
+        alloc_total += min(alloc_now, settings.capacity_cores) * (hi - lo)
+        window += hi - lo
+    # The controller's predicted demand per operator, at the time each decision was read.
+    for _epoch, (when, rec) in sorted(samples.plans.items()):
+        for row in rec.get("operators", []):
+            if row.get("operator") in series_ops:
+                series_ops[row["operator"]]["predicted_demand_cores"].append(
+                    [round(when, 2), round(float(row.get("demand_cores", 0.0)), 4)]
+                )
+    moves = sum(len(rec.get("moves", []) or []) for _w, rec in samples.plans.values())
+
+    # Per-slot series by completion time.
+    slot = settings.slot_seconds
+    n_slots = max(1, math.ceil(max(drained_at, settings.duration) / slot))
+    idx = np.minimum((np.maximum(done_at, 0) // slot).astype(int), n_slots - 1)
+    per_slot_done = np.bincount(idx, minlength=n_slots)
+    per_slot_late = np.bincount(idx, weights=(latencies > settings.timeout), minlength=n_slots)
+    lat_sum = np.bincount(idx, weights=latencies, minlength=n_slots)
+    per_slot_lat = [
+        round(1000 * float(s / c), 2) if c else None for s, c in zip(lat_sum, per_slot_done, strict=True)
+    ]
+    return {
+        "latency_ms_mean": round(1000 * float(np.mean(latencies)), 3) if len(latencies) else None,
+        "latency_ms_p99": round(1000 * _percentile(lat_sorted, 0.99), 3) if lat_sorted else None,
+        "throughput_tuples": on_time,
+        "failed": late + unfinished,
+        "lost": unfinished,
+        "duplicated": int(a.duplicated),
+        "roots": int(a.roots),
+        "completed": int(a.completed),
+        "cpu_allocated_core_seconds": round(alloc_total, 3),
+        "cpu_used_core_seconds": round(used_total, 3),
+        "cpu_window_seconds": round(window, 3),
+        "allocated_cores_mean_by_operator": {o: round(v / window, 4) if window else 0.0 for o, v in alloc_by_op.items()},
+        # One process, one node: a stateless and a stateful worker throughout.
+        "workers_mean": float(len({i.worker for i in topo.all_instances()})),
+        "nodes_mean": 1.0,
+        "migrations": moves,
+        "decisions": len(samples.plans),
+        "series": {
+            "slot_seconds": slot,
+            "throughput_tuples": [int(x) for x in per_slot_done - per_slot_late],
+            "failed": [int(x) for x in per_slot_late],
+            "latency_ms_mean": per_slot_lat,
+            "in_flight": {"time_s": [round(float(x), 2) for x in t], "roots": samples.in_flight},
+        },
+        "operators": series_ops,
+    }
+
+
+def ratios(contenders: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """dsched against each other contender (other / dsched, and dsched / other)."""
+    d = contenders.get("dsched")
+    if d is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name, c in contenders.items():
+        if name == "dsched":
+            continue
+        out[name] = {
+            "dsched_cpu_allocated_over_other": _ratio(d["cpu_allocated_core_seconds"], c["cpu_allocated_core_seconds"]),
+            "dsched_throughput_over_other": _ratio(d["throughput_tuples"], c["throughput_tuples"]),
+            "other_latency_mean_over_dsched": _ratio(c["latency_ms_mean"], d["latency_ms_mean"]),
+        }
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 4)
+
+
+def done_means(contenders: Mapping[str, dict[str, Any]]) -> dict[str, bool | None]:
+    """The issue's targets for WordCount, evaluated on this run (None: a contender is missing)."""
+    d, s7 = contenders.get("dsched"), contenders.get("static-0.7")
+    s3, eq = contenders.get("static-0.3"), contenders.get("equal")
+    out: dict[str, bool | None] = {}
+    out["dsched_no_lost_no_failed"] = None if d is None else (d["lost"] == 0 and d["failed"] == 0)
+    if d and s7:
+        out["dsched_cpu_at_most_0.6x_static_0.7"] = d["cpu_allocated_core_seconds"] <= 0.6 * s7["cpu_allocated_core_seconds"]
+        out["dsched_throughput_at_least_0.97x_static_0.7"] = d["throughput_tuples"] >= 0.97 * s7["throughput_tuples"]
+    for label, other in (("static_0.3", s3), ("equal", eq)):
+        if d and other and d["latency_ms_mean"] is not None:
+            out[f"dsched_latency_below_{label}"] = other["latency_ms_mean"] is None or d["latency_ms_mean"] < other["latency_ms_mean"]
+    return out
+
+
+# ---------------------------------------------------------------- plots
+
+
+def plot(doc: dict[str, Any], path: Path) -> list[Path]:
+    """Latency / throughput / failed per slot per contender, and dsched's allocation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    contenders = doc["contenders"]
+    fig, axes = plt.subplots(4, 1, figsize=(9, 11), sharex=True)
+    slot = doc["slot_seconds"]
+    rates = doc["trace"]["rates"]
+    axes[0].step(np.arange(len(rates)) * slot, rates, where="post", color="black")
+    axes[0].set_ylabel("input roots/s")
+    axes[0].set_title(f"{doc['scenario']}: {doc['scale']['capacity_cores']:g} cores, slot {slot:g} s")
+    for name, c in contenders.items():
+        s = c["series"]
+        x = np.arange(len(s["throughput_tuples"])) * slot
+        lat = [np.nan if v is None else v for v in s["latency_ms_mean"]]
+        axes[1].plot(x, lat, label=name)
+        axes[2].plot(x, np.asarray(s["throughput_tuples"]) / slot, label=name)
+        axes[3].plot(x, s["failed"], label=name)
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("mean complete latency ms")
+    axes[2].set_ylabel("acked roots/s")
+    axes[3].set_ylabel("failed per slot")
+    axes[3].set_xlabel("seconds")
+    axes[1].legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    written.append(path)
+
+    d = contenders.get("dsched")
+    if d is not None:
+        ops = list(d["operators"])
+        fig, axes = plt.subplots(len(ops), 1, figsize=(9, 2.2 * len(ops) + 1), sharex=True, squeeze=False)
+        for ax, op in zip(axes[:, 0], ops, strict=True):
+            s = d["operators"][op]
+            ax.plot(s["time_s"], s["cap_cores"], label="cap (dsched)", drawstyle="steps-post")
+            ax.plot(s["time_s"], s["usage_cores"], label="usage")
+            if s["predicted_demand_cores"]:
+                px, py = zip(*s["predicted_demand_cores"], strict=True)
+                ax.plot(px, py, label="predicted demand", linestyle="--")
+            for other in ("static-0.7", "equal"):
+                if other in contenders:
+                    ax.axhline(contenders[other]["allocated_cores_mean_by_operator"][op], linestyle=":",
+                               color="grey" if other == "static-0.7" else "brown", label=other)
+            ax.set_ylabel(f"{op} cores")
+        axes[0, 0].legend(fontsize=8, ncol=3)
+        axes[-1, 0].set_xlabel("seconds")
+        fig.suptitle(f"{doc['scenario']}: dsched per-operator demand, cap and usage")
+        fig.tight_layout()
+        alloc = path.with_name(path.stem + "-allocation" + path.suffix)
+        fig.savefig(alloc, dpi=90)
+        plt.close(fig)
+        written.append(alloc)
+    return written
+
+
+# ---------------------------------------------------------------- command
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", required=True, help=f"one of {', '.join(SCENARIOS)}")
+    p.add_argument("--duration", type=float, default=80.0, help="trace seconds each contender runs (default 80)")
+    p.add_argument(
+        "--contenders", default=",".join(CONTENDERS),
+        help=f"comma-separated, from {', '.join(CONTENDERS)} (default: all; dsched runs first)",
+    )
+    p.add_argument("--json", type=Path, required=True, help="write the results here")
+    p.add_argument("--plot", type=Path, help="PNG of the per-slot series (and <stem>-allocation.png)")
+    p.add_argument("--trace", type=Path, help="rate per slot as fractions of the peak (JSON list or one per line)")
+    p.add_argument("--slot-seconds", type=float, default=2.0, help="slot length (default 2; the paper's is 10)")
+    p.add_argument("--capacity-cores", type=float, default=1.6, help="CPU the testbed is given (default 1.6)")
+    p.add_argument("--cpu-period-us", type=int, default=100_000, help="CFS period of every cap (default 100000)")
+    p.add_argument("--shares", type=int, default=65536, help="cpu.shares of the run's own cgroup (default 65536)")
+    p.add_argument("--seed", type=int, default=1, help="trace and data seed")
+    p.add_argument("--workdir", type=Path, help="controller and agent state and logs (default: a temp dir)")
+
+
+def _check(args: argparse.Namespace) -> tuple[list[str], np.ndarray | None]:
+    """Every bad input is refused here, before anything starts."""
+    if args.scenario not in SCENARIOS:
+        raise ValueError(f"--scenario: unknown scenario {args.scenario!r} (known: {', '.join(SCENARIOS)})")
+    names = [c.strip() for c in str(args.contenders).split(",") if c.strip()]
+    unknown = [c for c in names if c not in CONTENDERS]
+    if not names or unknown:
+        raise ValueError(f"--contenders: unknown {unknown or names!r} (known: {', '.join(CONTENDERS)})")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--contenders: listed twice in {names}")
+    if "equal" in names and "dsched" not in names:
+        raise ValueError("--contenders: 'equal' copies dsched's allocation, so it needs 'dsched' too")
+    for key in ("duration", "slot_seconds", "capacity_cores"):
+        value = getattr(args, key)
+        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            raise ValueError(f"--{key.replace('_', '-')} must be a positive number, got {value!r}")
+    if args.duration < 2 * args.slot_seconds:
+        raise ValueError(f"--duration must cover at least 2 slots ({2 * args.slot_seconds:g} s), got {args.duration:g}")
+    if args.capacity_cores > (os.cpu_count() or 1):
+        raise ValueError(f"--capacity-cores {args.capacity_cores:g} exceeds this machine's {os.cpu_count()} CPUs")
+    if not 1000 <= args.cpu_period_us <= 1_000_000:
+        raise ValueError(f"--cpu-period-us must be in [1000, 1000000], got {args.cpu_period_us}")
+    if not 2 <= args.shares <= 262144:
+        raise ValueError(f"--shares must be in [2, 262144], got {args.shares}")
+    levels = parse_trace_file(args.trace) if args.trace is not None else None
+    if not (CGROUP_V1_CPU / "cpu.cfs_quota_us").exists() or not os.access(CGROUP_V1_CPU, os.W_OK):
+        raise ValueError(f"the live benchmark needs a writable cgroup v1 cpu controller at {CGROUP_V1_CPU}")
+    order = sorted(names, key=CONTENDERS.index)  # dsched first: equal copies it
+    return order, levels
+
+
+def build_scenario(args: argparse.Namespace, levels: np.ndarray | None) -> Scenario:
+    spec, fanout, group_keys = scenario_topology(args.scenario)
+    slots = max(2, round(args.duration / args.slot_seconds))
+    if levels is None:
+        levels = scenario_levels(args.scenario, slots, args.seed)
+    executors = sum(o.parallelism for o in spec.operators)
+    return Scenario(args.scenario, spec, fanout, group_keys, levels, args.slot_seconds,
+                    Scale(args.capacity_cores, executors))
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    try:
+        order, levels = _check(args)
+        scn = build_scenario(args, levels)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    duration = len(scn.levels) * args.slot_seconds if args.trace is not None else args.duration
+    timeout = PAPER_TIMEOUT_SECONDS * args.slot_seconds / PAPER_SLOT_SECONDS
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dsched-bench-live-"))
+    interrupted = threading.Event()
+    handlers = {
+        sig: signal.signal(sig, lambda *_: interrupted.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    reservation = Reservation(CGROUP_V1_CPU, f"dsched-live-{os.getpid()}", args.shares)
+    settings = RunSettings(duration, args.slot_seconds, timeout, args.capacity_cores, args.cpu_period_us,
+                           args.seed, workdir, reservation, interrupted)
+    console.print(
+        f"bench live: {scn.name}, {duration:g} s per contender, slot {args.slot_seconds:g} s, timeout "
+        f"{timeout:g} s, capacity {args.capacity_cores:g} cores over {scn.scale.executors} executors "
+        f"(static-0.7 = {scn.scale.core_07:.4f} core each, scale {scn.scale.factor:.4f}), peak "
+        f"{scn.peak_rate:.0f} roots/s (~{scn.peak_cores():.2f} cores); contenders {', '.join(order)}"
+    )
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        reservation.enter()
+        for name in order:
+            equal = results["dsched"]["allocated_cores_mean_by_operator"] if name == "equal" else None
+            console.print(f"  running {name} ...")
+            results[name] = run_contender(name, scn, settings, equal)
+            c = results[name]
+            console.print(
+                f"  {name}: latency mean {c['latency_ms_mean']} ms p99 {c['latency_ms_p99']} ms, "
+                f"acked {c['throughput_tuples']}, failed {c['failed']}, lost {c['lost']}, "
+                f"CPU allocated {c['cpu_allocated_core_seconds']:.1f} used {c['cpu_used_core_seconds']:.1f} core-s"
+            )
+    except Interrupted:
+        console.print("[yellow]interrupted: every worker stopped, cgroups removed[/]")
+        return 130
+    finally:
+        reservation.leave()
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+    figures = {
+        "scenario": scn.name,
+        "slot_seconds": args.slot_seconds,
+        "duration_seconds": duration,
+        "timeout_seconds": timeout,
+        "cpu_period_us": args.cpu_period_us,
+        "scale": {
+            "capacity_cores": args.capacity_cores,
+            "executors": scn.scale.executors,
+            "static_0.7_core_per_executor": round(scn.scale.core_07, 5),
+            "static_0.3_core_per_executor": round(scn.scale.core_07 * 3 / 7, 5),
+            "factor": round(scn.scale.factor, 5),
+            "peak_share_of_static_0.7": PEAK_SHARE,
+            "time_compression": PAPER_SLOT_SECONDS / args.slot_seconds,
+        },
+        "trace": {
+            "source": str(args.trace) if args.trace else "generated",
+            "peak_rate_roots_per_second": round(scn.peak_rate, 3),
+            "peak_cores": round(scn.peak_cores(), 4),
+            "rates": [round(float(r), 3) for r in scn.rates],
+        },
+        "contenders": results,
+        "ratios": ratios(results),
+        "done_means": done_means(results),
+    }
+    doc = write_result(args.json, "live", figures)
+    console.print(f"wrote {args.json}")
+    if args.plot:
+        for p in plot(doc, args.plot):
+            console.print(f"wrote {p}")
+    _print_table(console, doc)
+    return 0
+
+
+def _print_table(console, doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"live {doc['scenario']}", title_justify="left")
+    cols = ("latency_ms_mean", "latency_ms_p99", "throughput_tuples", "failed", "lost",
+            "cpu_allocated_core_seconds", "cpu_used_core_seconds")
+    t.add_column("contender")
+    for c in cols:
+        t.add_column(c.replace("_", " "), justify="right")
+    for name, c in doc["contenders"].items():
+        t.add_row(name, *(str(c[k]) for k in cols))
+    console.print(t)
+    console.print(f"done means: {doc['done_means']}")

@@ -1,0 +1,370 @@
+"""Who sets the caps and thread counts: dsched's controller or a baseline policy.
+
+Every policy sees the same per-epoch observation of the simulated cluster and
+acts through the same knobs (caps, parallelism, placement). ``dsched`` goes
+through the unmodified production controller via simulated agents; the
+baselines are the policies users would otherwise pick:
+
+* ``err`` -- enhanced round robin of seeds/004: fixed threads per class
+  (8/4/2), placed round robin, skipping nodes marked over-utilized; uncapped.
+* ``static-equal`` -- one instance per operator, every node's cores split
+  equally among its instances, never changed.
+* ``rstorm-static`` -- R-Storm-like: each operator requests the CPU its
+  profiled phase-I load needs at 70 % utilization; best-fit placement by
+  request; caps = requests, never changed.
+* ``ds2`` -- one-step rate-based parallelism: ceil(target rate / true
+  processing rate per instance), from useful (busy) time; uncapped.
+* ``util-target`` -- Flink-autoscaler-like: parallelism so that busy time is
+  0.7, with a stabilization window of 3 epochs after a rescale and for
+  scale-downs; uncapped.
+* ``vpa`` -- Kubernetes-VPA-like caps: p90 of a decaying histogram of usage
+  (half-life 6 epochs) plus a 15 % margin.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import tempfile
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from testbed.sim.agents import CLOCK_BASE, SimAgents
+from testbed.sim.engine import UNCAPPED, ClusterSim
+
+ERR_THREADS = {"gold": 8, "silver": 4, "bronze": 2}
+
+
+@dataclass
+class EpochObservation:
+    """What every policy sees after an epoch (deltas over the epoch)."""
+
+    epoch: int
+    seconds: float
+    usage_cores: np.ndarray  # per instance slot
+    busy_ratio: np.ndarray
+    executed: np.ndarray
+    received: np.ndarray
+    busy_seconds: np.ndarray
+    queue: np.ndarray
+    node_utilization: np.ndarray
+    source_rate: np.ndarray  # per app, messages/s
+
+
+class Policy(Protocol):
+    name: str
+    max_parallelism: int
+
+    def setup(self, sim: ClusterSim) -> None: ...
+
+    def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None: ...
+
+
+def round_robin_layout(sim: ClusterSim, parallelism: np.ndarray, skip: np.ndarray | None = None) -> None:
+    """Place instances over nodes in turn, skipping nodes marked in ``skip``."""
+    nodes = [n for n in range(sim.sc.nodes) if skip is None or not skip[n]] or list(range(sim.sc.nodes))
+    turn = 0
+    for op in range(sim.n_ops):
+        k = int(parallelism[op])
+        sim.set_parallelism(op, k, [nodes[(turn + r) % len(nodes)] for r in range(k)], pause=False)
+        turn += k
+
+
+def least_loaded_node(sim: ClusterSim, load: np.ndarray) -> int:
+    return int(np.argmin(load / sim.cores))
+
+
+@dataclass
+class ErrPolicy:
+    name: str = "err"
+    threads: dict[str, int] = field(default_factory=lambda: dict(ERR_THREADS))
+    over_utilized: float = 0.9
+
+    @property
+    def max_parallelism(self) -> int:
+        return max(self.threads.values())
+
+    def setup(self, sim: ClusterSim) -> None:
+        par = np.array([self.threads[sim.sc.apps[a].qos_class] for a in sim.op_app])
+        round_robin_layout(sim, par)
+
+    def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
+        # Fixed threads; the interference-aware part only steers placement, and
+        # nothing is placed after the start.
+        return None
+
+
+@dataclass
+class StaticEqualPolicy:
+    name: str = "static-equal"
+    max_parallelism: int = 1
+    headroom_cores: float = 0.1
+
+    def setup(self, sim: ClusterSim) -> None:
+        round_robin_layout(sim, np.ones(sim.n_ops, dtype=int))
+        inst = np.flatnonzero(sim.active)
+        per_node = np.bincount(sim.node[inst], minlength=sim.sc.nodes)
+        share = (sim.cores - self.headroom_cores) / np.maximum(per_node, 1)
+        sim.set_caps(inst, share[sim.node[inst]])
+
+    def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
+        return None
+
+
+@dataclass
+class RStormStaticPolicy:
+    name: str = "rstorm-static"
+    max_parallelism: int = 1
+    target_utilization: float = 0.7
+    headroom_cores: float = 0.1
+
+    def setup(self, sim: ClusterSim) -> None:
+        sc = sim.sc
+        rates = np.array([a.arrivals.mean_rate() for a in sc.apps])
+        request = rates[sim.op_app] * sim.op_work / self.target_utilization
+        room = sim.cores - self.headroom_cores
+        scale = min(1.0, room.sum() / request.sum())
+        request = request * scale
+        free = room.copy()
+        node_of = np.zeros(sim.n_ops, dtype=int)
+        for op in np.argsort(-request, kind="stable"):
+            fits = np.flatnonzero(free >= request[op] - 1e-12)
+            # Best fit: the node left with the least room that still fits.
+            n = int(fits[np.argmin(free[fits])]) if len(fits) else int(np.argmax(free))
+            node_of[op] = n
+            free[n] -= request[op]
+        for op in range(sim.n_ops):
+            sim.set_parallelism(op, 1, [int(node_of[op])], pause=False)
+        sim.set_caps(np.arange(sim.n_ops) * sim.max_par, np.maximum(request, 1e-3))
+
+    def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
+        return None
+
+
+@dataclass
+class Ds2Policy:
+    name: str = "ds2"
+    max_parallelism: int = 8
+
+    def setup(self, sim: ClusterSim) -> None:
+        round_robin_layout(sim, np.ones(sim.n_ops, dtype=int))
+
+    def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
+        P = sim.max_par
+        busy = obs.busy_seconds.reshape(sim.n_ops, P).sum(axis=1)
+        done = obs.executed.reshape(sim.n_ops, P).sum(axis=1)
+        k = sim.op_k
+        # True processing rate per instance: messages per second of useful time.
+        true_rate = np.where(busy > 0, done / np.maximum(busy, 1e-12), np.inf)
+        target = obs.source_rate[sim.op_app]
+        want = np.where(np.isfinite(true_rate), np.ceil(target / np.maximum(true_rate, 1e-12)), k)
+        want = np.clip(want, 1, P).astype(int)
+        rescale(sim, want, obs)
+
+
+@dataclass
+class UtilTargetPolicy:
+    name: str = "util-target"
+    max_parallelism: int = 8
+    target: float = 0.7
+    window: int = 3
+    _last_change: np.ndarray | None = None
+    _below: np.ndarray | None = None
+
+    def setup(self, sim: ClusterSim) -> None:
+        round_robin_layout(sim, np.ones(sim.n_ops, dtype=int))
+        self._last_change = np.full(sim.n_ops, -10**9)
+        self._below = np.zeros(sim.n_ops, dtype=int)
+
+    def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
+        P = sim.max_par
+        k = sim.op_k.copy()
+        busy = obs.busy_ratio.reshape(sim.n_ops, P).sum(axis=1)  # busy instances' sum
+        want = np.clip(np.ceil(busy / self.target), 1, P).astype(int)
+        self._below = np.where(want < k, self._below + 1, 0)
+        stable = obs.epoch - self._last_change >= self.window
+        up = (want > k) & stable
+        down = (want < k) & stable & (self._below >= self.window)
+        new = np.where(up | down, want, k)
+        self._last_change = np.where(new != k, obs.epoch, self._last_change)
+        rescale(sim, new, obs)
+
+
+def rescale(sim: ClusterSim, want: np.ndarray, obs: EpochObservation) -> None:
+    """Apply new parallelism; new instances go to the least-loaded nodes."""
+    load = obs.node_utilization * sim.cores
+    for op in np.flatnonzero(want != sim.op_k):
+        k_old, k_new = int(sim.op_k[op]), int(want[op])
+        slots = sim.slots_of(op)
+        nodes = [int(sim.node[s]) for s in slots[:k_old]]
+        for _ in range(k_new - k_old):
+            n = least_loaded_node(sim, load)
+            nodes.append(n)
+            load[n] += obs.usage_cores[slots[: max(k_old, 1)]].mean() if k_old else 0.0
+        sim.set_parallelism(int(op), k_new, nodes)
+
+
+@dataclass
+class VpaPolicy:
+    name: str = "vpa"
+    max_parallelism: int = 1
+    half_life_epochs: float = 6.0
+    margin: float = 0.15
+    percentile: float = 0.9
+    floor_cores: float = 0.002
+    buckets: np.ndarray = field(default_factory=lambda: np.geomspace(1e-4, 1.0, 80))
+    _hist: np.ndarray | None = None
+
+    def setup(self, sim: ClusterSim) -> None:
+        round_robin_layout(sim, np.ones(sim.n_ops, dtype=int))
+        self._hist = np.zeros((sim.n_inst, len(self.buckets)))
+
+    def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
+        decay = 0.5 ** (1.0 / self.half_life_epochs)
+        self._hist *= decay
+        b = np.clip(np.searchsorted(self.buckets, obs.usage_cores), 0, len(self.buckets) - 1)
+        self._hist[np.arange(sim.n_inst), b] += 1.0
+        inst = np.flatnonzero(sim.active)
+        cum = np.cumsum(self._hist[inst], axis=1)
+        tot = cum[:, -1:]
+        idx = np.argmax(cum >= self.percentile * np.maximum(tot, 1e-12), axis=1)
+        rec = np.maximum(self.buckets[idx] * (1.0 + self.margin), self.floor_cores)
+        sim.set_caps(inst, rec)
+
+
+# ------------------------------------------------------------------ dsched
+
+
+def controller_features() -> dict[str, object]:
+    """What the controller in this tree offers the simulation (reported with results)."""
+    from controller import core
+    from controller.config import ControllerConfig
+
+    names = {f.name for f in fields(ControllerConfig)}
+    return {
+        "allocators": sorted(getattr(core, "ALLOCATORS", {})),
+        "qos_classes": "qos" in names,
+        "set_qos": hasattr(core.Controller, "set_qos"),
+    }
+
+
+def simulation_controller_config(sim: ClusterSim, state_dir: Path, allocator: str | None = None):
+    """A ControllerConfig for the simulated cluster, using what this controller has."""
+    from controller import core
+    from controller.config import ControllerConfig
+
+    sc = sim.sc
+    names = {f.name for f in fields(ControllerConfig)}
+    known = set(getattr(core, "ALLOCATORS", {"demand": None}))
+    chosen = allocator or ("qos-dp" if "qos-dp" in known else "demand")
+    per_instance = sc.total_cores / max(1, sim.n_ops)
+    theta = float(min(0.1, max(0.001, round(per_instance / 4, 3))))
+    values: dict[str, object] = {
+        "state_dir": state_dir,
+        "mode": "enforce",
+        "slot_seconds": sc.epoch_seconds,
+        "phi": 3,  # seeds/004: a history window of 3 epochs
+        "theta_cores": theta,
+        "min_cap_cores": theta / 2,
+        "headroom_cores": 0.1,
+        "allocator": chosen,
+        "placement": "none",
+        "arima": False,
+        "forget_after_slots": 6,
+    }
+    if "qos" in names and sc.qos:
+        from controller.config import QosClassConfig, QosConfig
+
+        values["qos"] = QosConfig(
+            default_class=sc.qos[-1].name,
+            classes={
+                c.name: QosClassConfig(c.target_latency_ms, c.max_violation_ratio, c.weight) for c in sc.qos
+            },
+        )
+    cfg = ControllerConfig(**{k: v for k, v in values.items() if k in names})
+    cfg.validate()
+    return cfg
+
+
+def assign_classes(controller, sim: ClusterSim) -> str:
+    """Tell the controller each application's class, by whatever means it has."""
+    if hasattr(controller, "set_qos"):
+        for app in sim.sc.apps:
+            controller.set_qos(app.name, app.qos_class)
+        return "set_qos"
+    return "unavailable"
+
+
+@dataclass
+class DschedPolicy:
+    """The production controller, in enforce mode, fed by simulated agents."""
+
+    name: str = "dsched"
+    max_parallelism: int = 1
+    allocator: str | None = None
+    epoch_seconds: list[float] = field(default_factory=list)
+    peak_rss_bytes: int = 0
+    class_assignment: str = ""
+    config_used: dict[str, object] = field(default_factory=dict)
+    _tmp: tempfile.TemporaryDirectory | None = None
+    controller: object = None
+    agents: SimAgents | None = None
+
+    def setup(self, sim: ClusterSim) -> None:
+        from controller.core import Controller
+
+        round_robin_layout(sim, np.ones(sim.n_ops, dtype=int))
+        self._tmp = tempfile.TemporaryDirectory(prefix="dsched-sim-")
+        cfg = simulation_controller_config(sim, Path(self._tmp.name), self.allocator)
+        self.config_used = {
+            "allocator": cfg.allocator, "phi": cfg.phi, "theta_cores": cfg.theta_cores,
+            "min_cap_cores": cfg.min_cap_cores, "slot_seconds": cfg.slot_seconds,
+        }
+        self.controller = Controller(cfg, clock=lambda: CLOCK_BASE + sim.t)
+        self.agents = SimAgents(sim, self.controller, clock_base=CLOCK_BASE)
+        self.controller.set_mode("enforce")
+        self.class_assignment = assign_classes(self.controller, sim)
+
+    def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
+        assert self.agents is not None
+        self.agents.send_reports()
+        t0 = time.perf_counter()
+        self.controller.run_epoch()
+        self.epoch_seconds.append(time.perf_counter() - t0)
+        self.peak_rss_bytes = max(
+            self.peak_rss_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        )
+        self.agents.apply_directives()
+
+    def close(self) -> None:
+        if self.controller is not None:
+            self.controller.store.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+POLICIES = {
+    "dsched": DschedPolicy,
+    "err": ErrPolicy,
+    "static-equal": StaticEqualPolicy,
+    "rstorm-static": RStormStaticPolicy,
+    "ds2": Ds2Policy,
+    "util-target": UtilTargetPolicy,
+    "vpa": VpaPolicy,
+}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None
+
+
+def uncapped(sim: ClusterSim) -> np.ndarray:
+    return ~np.isfinite(sim.cap) | (sim.cap == UNCAPPED)
+

@@ -8,6 +8,11 @@ all live instances again (that is how an agent restart is survived).
 
 Names are checked on the spot (ValueError), because a bad name is a bug in the
 instance, not a condition to retry.
+
+Counter updates of all instances go out as ``updates`` batches (one line and one
+reply per flush, see :mod:`agent.socket_server`). An agent that does not know
+the batch form answers ``unknown op``; the client then sends single ``update``
+messages on that connection.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import deque
 from typing import Any
 
+from agent.wire import encode, encode_update_batches
 from dsched.names import check_name
 
 log = logging.getLogger(__name__)
@@ -52,6 +59,7 @@ class AgentClient:
         self._stop = threading.Event()
         self._sent = threading.Condition()
         self._rounds = 0
+        self._batch_updates = True
         self.connected = False
         self.connections = 0
         # The agent's refusals, newest last, for logs and diagnostics.
@@ -111,8 +119,7 @@ class AgentClient:
         service_seconds: float,
     ) -> None:
         key = (app, operator, instance)
-        msg = {
-            "op": "update",
+        item = {
             "app": app,
             "operator": operator,
             "instance": instance,
@@ -125,7 +132,7 @@ class AgentClient:
             "service_seconds": service_seconds,
         }
         with self._lock:
-            self._updates[key] = msg
+            self._updates[key] = item
 
     def unregister(self, app: str, operator: str, instance: int) -> None:
         key = _key(app, operator, instance)
@@ -140,10 +147,16 @@ class AgentClient:
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until everything queued so far has been offered to the agent (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
         with self._sent:
             target = self._rounds + 2
-            self._wake.set()
-            return self._sent.wait_for(lambda: self._rounds >= target, timeout)
+            while self._rounds < target:
+                # Wake the sender for each round, not only the first.
+                self._wake.set()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._sent.wait(remaining):
+                    return self._rounds >= target
+            return True
 
     def close(self) -> None:
         self.flush(timeout=self.reply_timeout)
@@ -156,6 +169,8 @@ class AgentClient:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            # Cleared before the round, so a wake-up asked for during it is not lost.
+            self._wake.clear()
             try:
                 self._send_round()
             except Exception:  # noqa: BLE001 - the instance must never die of its agent
@@ -165,7 +180,6 @@ class AgentClient:
                 self._rounds += 1
                 self._sent.notify_all()
             self._wake.wait(self.flush_seconds)
-            self._wake.clear()
 
     def _connect(self) -> bool:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -179,6 +193,7 @@ class AgentClient:
         self._reader = sock.makefile("rb")
         self.connected = True
         self.connections += 1
+        self._batch_updates = True
         with self._lock:
             # Everything registered so far, again: the agent may be new.
             self._ops = list(self._registrations.values()) + [
@@ -200,29 +215,67 @@ class AgentClient:
         if self._sock is None and not self._connect():
             return
         with self._lock:
-            batch = self._ops + list(self._updates.values())
+            ops = self._ops
+            updates = list(self._updates.values())
             self._ops = []
             self._updates = {}
-        if not batch:
+        if not ops and not updates:
             if self._peer_closed():
                 log.info("agent closed the socket; will reconnect")
                 self._disconnect()
             return
-        data = b"".join((json.dumps(m) + "\n").encode() for m in batch)
+        lines = self._encode(ops, updates)
         try:
-            self._sock.sendall(data)
-            for msg in batch:
-                line = self._reader.readline()
-                if not line:
+            self._sock.sendall(b"".join(line for line, _kind, _carried in lines))
+            for _line, kind, carried in lines:
+                raw = self._reader.readline()
+                if not raw:
                     raise ConnectionError("agent closed the socket")
-                reply = json.loads(line)
-                if not reply.get("ok"):
-                    self.rejections.append({**reply, "message": msg})
-                    log.warning("agent refused %s: %s", msg.get("op"), reply.get("error"))
+                self._take_reply(json.loads(raw), kind, carried)
         except (OSError, ValueError, ConnectionError) as exc:
             log.info("agent connection lost (%s); will retry", exc)
             self._disconnect()
-            self._requeue(batch)
+            self._requeue([m for _line, _kind, carried in lines for m in carried])
+
+    def _encode(
+        self, ops: list[dict[str, Any]], updates: list[dict[str, Any]]
+    ) -> list[tuple[bytes, str, list[dict[str, Any]]]]:
+        """(line, kind, the messages or items it carries) for everything to send."""
+        lines = [(encode(op), op["op"], [op]) for op in ops]
+        if not self._batch_updates:
+            return lines + [(encode({"op": "update", **u}), "update", [u]) for u in updates]
+        batches, oversized = encode_update_batches(updates)
+        for item in oversized:
+            self._rejected(
+                {"ok": False, "reason": "bad_message", "error": "update longer than a line"},
+                "update",
+                item,
+            )
+        return lines + [(line, "updates", carried) for line, carried in batches]
+
+    def _take_reply(self, reply: Any, kind: str, carried: list[dict[str, Any]]) -> None:
+        if not isinstance(reply, dict):
+            raise ValueError(f"agent sent a reply that is not an object: {reply!r}")
+        if kind == "updates" and isinstance(reply.get("rejected"), list):
+            for refused in reply["rejected"]:
+                item = carried[refused["index"]]
+                self._rejected({"ok": False, **refused}, "update", item)
+            return
+        if reply.get("ok"):
+            return
+        if kind == "updates" and str(reply.get("error", "")).startswith("unknown op"):
+            # An agent older than the batch form: single updates from now on.
+            log.info("agent does not take batched updates; sending them one by one")
+            self._batch_updates = False
+            self._requeue(carried)
+            return
+        self._rejected(reply, kind, carried[0])
+
+    def _rejected(self, reply: dict[str, Any], kind: str, message: dict[str, Any]) -> None:
+        if kind in ("update", "updates"):
+            message = {"op": "update", **message}
+        self.rejections.append({**reply, "message": message})
+        log.warning("agent refused %s: %s", message.get("op"), reply.get("error"))
 
     def _peer_closed(self) -> bool:
         """Notice an agent that went away while there was nothing to send."""
@@ -238,11 +291,18 @@ class AgentClient:
             self._sock.settimeout(self.reply_timeout)
 
     def _requeue(self, batch: list[dict[str, Any]]) -> None:
-        """Keep unregisters and the newest counters; registrations are resent on connect."""
+        """Keep unregisters and the newest counters; registrations are resent on connect.
+
+        ``batch`` holds operations (with ``op``) and counter items (without).
+        """
         with self._lock:
+            unregisters = []
             for msg in batch:
                 key = (msg["app"], msg["operator"], msg["instance"])
-                if msg["op"] == "update":
+                op = msg.get("op")
+                if op is None:
+                    # Counters queued since are newer than these.
                     self._updates.setdefault(key, msg)
-                elif msg["op"] == "unregister":
-                    self._ops.insert(0, msg)
+                elif op == "unregister":
+                    unregisters.append(msg)
+            self._ops[:0] = unregisters

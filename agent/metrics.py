@@ -86,6 +86,12 @@ class AgentMetrics:
             ("reason",),
             registry=r,
         )
+        self.instance_messages = Counter(
+            "dsched_agent_instance_messages",
+            "Messages read from the registration socket, by op (a batch counts once)",
+            ("op",),
+            registry=r,
+        )
         self.reports_sent = Counter("dsched_agent_reports_sent", "NodeReports sent", registry=r)
         self.reports_dropped = Counter(
             "dsched_agent_reports_dropped",

@@ -53,6 +53,8 @@ class InstanceCpu:
     slot_started: float = 0.0
     at_last_sample: float = 0.0
     usage_cores: float = 0.0
+    # A flag, not at_last_sample != 0: a thread may well have used no CPU yet.
+    sampled: bool = False
 
     @property
     def total(self) -> float:
@@ -448,10 +450,11 @@ class NodeAgent:
                     cpu.exited_seconds += last
                     total += last
                 lost_threads.append((inst, exited))
-            if dt > 0 and cpu.at_last_sample:
-                cpu.usage_cores = max(0.0, (total - cpu.at_last_sample) / dt)
-            if not cpu.at_last_sample:
-                cpu.at_slot_start, cpu.slot_started = total, started
+            if cpu.sampled:
+                if dt > 0:
+                    cpu.usage_cores = max(0.0, (total - cpu.at_last_sample) / dt)
+            else:
+                cpu.at_slot_start, cpu.slot_started, cpu.sampled = total, started, True
             cpu.at_last_sample = total
         for inst, exited in lost_threads:
             live = set(inst.tids).difference(exited)
@@ -565,7 +568,7 @@ class NodeAgent:
             span = min(elapsed, now - cpu.slot_started) if cpu.slot_started else elapsed
             usage = (
                 max(0.0, (total - cpu.at_slot_start) / span)
-                if cpu.at_last_sample and span > 0
+                if cpu.sampled and span > 0
                 else 0.0
             )
             cpu.at_slot_start, cpu.slot_started = total, now

@@ -14,8 +14,8 @@ import copy
 import math
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from dsched.names import InvalidName, check_name
 
@@ -49,9 +49,12 @@ class InstanceKey:
         return f"{self.app}/{self.operator}/{self.instance}"
 
 
-@dataclass(frozen=True)
-class Counters:
-    """Cumulative counters since the instance registered (queue_length is a gauge)."""
+class Counters(NamedTuple):
+    """Cumulative counters since the instance registered (queue_length is a gauge).
+
+    A named tuple rather than a frozen dataclass: one is built for every counter
+    update (hundreds a second), and a tuple is built several times faster.
+    """
 
     received: int = 0
     executed: int = 0
@@ -112,30 +115,42 @@ def _checked_value(name: str, value: Any, previous: Counters) -> int | float:
     return value
 
 
+# (name, must be whole, is a gauge) in Counters' field order.
+_FIELD_RULES = tuple(
+    (name, name in WHOLE_FIELDS, name in GAUGE_FIELDS) for name in Counters._fields
+)
+_INF = math.inf
+
+
 def check_counters(values: dict[str, Any], previous: Counters) -> Counters:
     """New counters from an update, or RegistrationError naming why they are refused.
 
     ``values`` may carry other keys (a whole wire message); only the counter
     fields are read. A field equal to the previous value, and of the same type,
-    was already checked when it arrived, so only changed fields are checked
-    again; when nothing changed the previous object is returned as it is.
+    was already checked when it arrived; a plain non-negative int, or a finite
+    float for a float field, that does not go backwards is taken as it is.
+    Everything else takes the full check, which names the reason.
     """
-    changed: dict[str, Any] | None = None
-    for name in ALL_COUNTER_FIELDS:
+    out = []
+    unchanged = True
+    for (name, whole, gauge), old in zip(_FIELD_RULES, previous, strict=True):
         try:
             value = values[name]
         except KeyError:
             raise RegistrationError("bad_field", f"update lacks counter {name!r}") from None
-        old = getattr(previous, name)
-        # NaN never equals itself, so a NaN always takes the checked path.
-        if value == old and type(value) is type(old):
+        kind = type(value)
+        # NaN never equals (or compares with) anything, so it always takes the full check.
+        if value == old and kind is type(old):
+            out.append(old)
             continue
-        if changed is None:
-            changed = {}
-        changed[name] = _checked_value(name, value, previous)
-    if changed is None:
-        return previous
-    return replace(previous, **changed)
+        unchanged = False
+        if (kind is int or (kind is float and not whole and value < _INF)) and (
+            value >= old if not gauge else value >= 0
+        ) and value >= 0:
+            out.append(value)
+        else:
+            out.append(_checked_value(name, value, previous))
+    return previous if unchanged else Counters(*out)
 
 
 def _copy(rec: InstanceRecord) -> InstanceRecord:

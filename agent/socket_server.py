@@ -38,10 +38,12 @@ from typing import Any
 
 from agent.node import NodeAgent
 from agent.registry import RegistrationError
+from agent.wire import MAX_LINE_BYTES
 
 log = logging.getLogger(__name__)
 
-MAX_LINE_BYTES = 64 * 1024
+KNOWN_OPS = frozenset({"register", "update", "updates", "unregister"})
+
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int]:
@@ -57,6 +59,8 @@ def handle_message(agent: NodeAgent, msg: Any, peer_pid: int, peer_uid: int) -> 
         if not isinstance(msg, dict):
             raise RegistrationError("bad_message", "message must be a JSON object")
         op = msg.get("op")
+        if op in KNOWN_OPS:
+            agent.metrics.instance_messages.labels(op).inc()
         ident = (msg.get("app"), msg.get("operator"), msg.get("instance"))
         if op == "register":
             pid = msg.get("pid")

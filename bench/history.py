@@ -2,10 +2,13 @@
 
 Two phases on one Spark session (``--master``, default local[2]):
 
-1. throughput: a backlog of ``--backlog-slots`` spool files of ``--instances``
-   instance samples (plus node samples) is written first, then the streaming job
-   drains it; samples/s = samples / time from query start to the last window written
-   (the Spark session is already up; its start-up is reported apart);
+1. throughput: after a warm-up query (``--warmup-slots``, not measured: the first
+   query pays for JIT compilation and code generation), a backlog of
+   ``--backlog-slots`` spool files of ``--instances`` instance samples (plus node
+   samples) is written, then a fresh streaming query drains it; samples/s =
+   samples / time from query start to the last window written. The Spark session is
+   already up; its start-up is reported apart, and so is the machine's load average,
+   since the figure scales with the CPU the job actually gets;
 2. delay: the job runs embedded as in the controller (trigger ``--trigger-seconds``)
    while slots of ``--slot-seconds`` are published in real time at each slot's end;
    for every slot, the delay from the slot's end until the controller's reader
@@ -17,6 +20,7 @@ Targets: >= 50,000 samples/s, and every window readable within one slot of its e
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -32,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instances", type=int, default=2000, help="instance samples per slot")
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--backlog-slots", type=int, default=150)
+    parser.add_argument("--warmup-slots", type=int, default=20,
+                        help="slots pushed through a first query so the JVM is warm (not measured)")
     parser.add_argument("--live-slots", type=int, default=6)
     parser.add_argument("--slot-seconds", type=float, default=10.0)
     parser.add_argument("--trigger-seconds", type=float, default=1.0)
@@ -56,18 +62,18 @@ def _samples(slot: int, instances: int, nodes: int) -> tuple[list[dict], list[di
     return inst, node
 
 
-def _throughput(spark, base: Path, args) -> dict:
+def _backlog(spark, base: Path, args, slots: int, name: str) -> dict:
     from controller.history import HistoryReader
     from controller.spool import SpoolWriter
     from spark_stream import job
     from spark_stream.config import HistoryConfig
 
-    config = HistoryConfig.under(base / "throughput", slot_seconds=args.slot_seconds,
+    config = HistoryConfig.under(base / name, slot_seconds=args.slot_seconds,
                                  max_spool_bytes=1 << 40)
     writer = SpoolWriter(config)
     t0 = 1_700_000_000.0
     write_started = time.perf_counter()
-    for slot in range(args.backlog_slots):
+    for slot in range(slots):
         inst, nodes = _samples(slot, args.instances, args.nodes)
         writer.write_slot(slot, t0 + slot * args.slot_seconds, args.slot_seconds, inst, nodes,
                           {"slot": slot})
@@ -75,8 +81,10 @@ def _throughput(spark, base: Path, args) -> dict:
     started = time.perf_counter()
     job.run_available(spark, config)
     seconds = time.perf_counter() - started
-    samples = args.backlog_slots * (args.instances + args.nodes)
-    windows = len(HistoryReader(config).operator_history("app0", "op0", args.backlog_slots))
+    samples = slots * (args.instances + args.nodes)
+    windows = len(HistoryReader(config).operator_history("app0", "op0", slots))
+    if windows != slots:
+        raise RuntimeError(f"expected {slots} windows of app0/op0, read {windows}")
     return {"samples": samples, "seconds": seconds, "samples_per_second": samples / seconds,
             "spool_write_seconds": write_seconds, "spool_bytes": writer.bytes,
             "windows_of_one_operator": windows}
@@ -152,7 +160,11 @@ def run(args) -> int:
                                                       slot_seconds=args.slot_seconds))
         session_seconds = time.perf_counter() - session_started
         try:
-            throughput = _throughput(spark, base, args)
+            if args.warmup_slots:
+                _backlog(spark, base, args, args.warmup_slots, "warmup")
+            load_before = os.getloadavg()[0]
+            throughput = _backlog(spark, base, args, args.backlog_slots, "throughput")
+            throughput["load_average_1min"] = [load_before, os.getloadavg()[0]]
             delay = _delay(base, args)
         finally:
             spark.stop()

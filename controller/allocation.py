@@ -85,9 +85,7 @@ def _backtrack(arrays: list[np.ndarray], tables: np.ndarray, capacity_units: int
     return units
 
 
-def solve_qos_dp(
-    values: Sequence[Sequence[float]], capacity_units: int
-) -> tuple[list[int], float]:
+def solve_qos_dp(values: Sequence[Sequence[float]], capacity_units: int) -> tuple[list[int], float]:
     """Maximize sum_a values[a][k_a] subject to sum_a k_a <= capacity_units.
 
     ``values[a][k]`` is the contribution of giving application a k units
@@ -204,19 +202,25 @@ def node_recommendation(
     top = len(best_by_units) - 1
     now = float(best_by_units[min(units_now, top)])
     more = float(best_by_units[min(units_now + units_node, top)])
-    fewer = (
-        float(best_by_units[max(units_now - units_node, 0)]) if node_count > 1 else None
-    )
+    fewer = float(best_by_units[max(units_now - units_node, 0)]) if node_count > 1 else None
     gain_more = more - now - node_cost
     gain_fewer = (fewer - now + node_cost) if fewer is not None else -math.inf
     if gain_more > 0 and gain_more >= gain_fewer:
         return NodeRecommendation(
-            1, gain_more, now, more, fewer,
+            1,
+            gain_more,
+            now,
+            more,
+            fewer,
             f"one node more adds {more - now:.2f} value > node cost {node_cost:.2f}",
         )
     if gain_fewer > 0:
         return NodeRecommendation(
-            -1, gain_fewer, now, more, fewer,
+            -1,
+            gain_fewer,
+            now,
+            more,
+            fewer,
             f"one node fewer loses {now - fewer:.2f} value < node cost {node_cost:.2f}",
         )
     return NodeRecommendation(0, 0.0, now, more, fewer, "no node change beats the node cost")
@@ -271,19 +275,19 @@ class InstanceTable:
     apps: list[str]
 
     @classmethod
-    def build(
-        cls, demands: Mapping[InstanceKey, object], floor_cores: float
-    ) -> InstanceTable:
-        keys = sorted(demands)
-        nodes = sorted({demands[k].node for k in keys})
-        apps = sorted({k.app for k in keys})
+    def build(cls, demands: Mapping[InstanceKey, object], floor_cores: float) -> InstanceTable:
+        # One pass over the dict: key lookups (dataclass hashing) dominate at scale.
+        keys = list(demands)
+        rows = [(k.app, d.node, d.cores) for k, d in demands.items()]
+        apps = sorted({r[0] for r in rows})
+        nodes = sorted({r[1] for r in rows})
         node_ix = {n: i for i, n in enumerate(nodes)}
         app_ix = {a: i for i, a in enumerate(apps)}
-        demand = np.fromiter((demands[k].cores for k in keys), float, len(keys))
+        demand = np.fromiter((r[2] for r in rows), float, len(rows))
         return cls(
             keys,
-            np.fromiter((node_ix[demands[k].node] for k in keys), int, len(keys)),
-            np.fromiter((app_ix[k.app] for k in keys), int, len(keys)),
+            np.fromiter((node_ix[r[1]] for r in rows), int, len(rows)),
+            np.fromiter((app_ix[r[0]] for r in rows), int, len(rows)),
             demand,
             np.minimum(demand, floor_cores),
             nodes,
@@ -361,8 +365,10 @@ class QosDpAllocator:
         node_units = int(round(float(np.median(list(room_by_node.values()) or [0.0])) / unit))
 
         order = sorted(range(n_apps), key=lambda a: (-app_weight[a], t.apps[a]))
-        vals = [self._values(t.apps[a], app_extra[a], classes[t.apps[a]], unit, latency_models)
-                for a in order]
+        vals = [
+            self._values(t.apps[a], app_extra[a], classes[t.apps[a]], unit, latency_models)
+            for a in order
+        ]
         t0 = time.perf_counter()
         top_units = cap_units + node_units
         tables = _suffix_tables(_check_values(vals, top_units), top_units)
@@ -390,8 +396,9 @@ class QosDpAllocator:
 
         result = QosAllocation(
             cores=dict(zip(t.keys, fitted.tolist(), strict=True)),
-            dp=DpSummary(unit, cap_units, float(tables[0][min(cap_units, top_units)]),
-                         dp_seconds, not fits),
+            dp=DpSummary(
+                unit, cap_units, float(tables[0][min(cap_units, top_units)]), dp_seconds, not fits
+            ),
             recommendation=rec,
             overflow={t.nodes[n]: float(o) for n, o in enumerate(overflow) if o > 1e-9},
         )
@@ -410,8 +417,13 @@ class QosDpAllocator:
         for pos, a in enumerate(order):
             name = t.apps[a]
             result.apps[name] = AppAllocation(
-                name, classes[name].name, float(app_weight[a]), float(app_demand[a]),
-                float(app_floor[a]), int(units[pos]), float(app_alloc[a]),
+                name,
+                classes[name].name,
+                float(app_weight[a]),
+                float(app_demand[a]),
+                float(app_floor[a]),
+                int(units[pos]),
+                float(app_alloc[a]),
                 float(max(0.0, app_demand[a] - app_alloc[a])),
             )
         if not fits:

@@ -48,7 +48,9 @@ class QosClassConfig:
     def validate(self) -> None:
         require(self.target_latency_ms > 0, "target_latency_ms", "must be > 0")
         require(
-            0 < self.max_violation_ratio < 1, "max_violation_ratio", "must be between 0 and 1 (exclusive)"
+            0 < self.max_violation_ratio < 1,
+            "max_violation_ratio",
+            "must be between 0 and 1 (exclusive)",
         )
         require(self.weight > 0, "weight", "must be > 0")
 

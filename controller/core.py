@@ -75,7 +75,8 @@ def build_allocator(config: ControllerConfig) -> pipeline.Allocator:
         from dsched.config import ConfigError
 
         raise ConfigError(
-            "allocator", f"unknown allocator {config.allocator!r} (known: {', '.join(sorted(ALLOCATORS))})"
+            "allocator",
+            f"unknown allocator {config.allocator!r} (known: {', '.join(sorted(ALLOCATORS))})",
         ) from None
 
 
@@ -124,8 +125,11 @@ class Controller:
             info = self.state.agent_connected(hello, self.clock())
             log.info(
                 "agent %s connected: %.2f cores, cgroup mode %s, counters %s%s",
-                info.node_id, info.cpu_capacity_cores, pb.CgroupMode.Name(info.cgroup_mode),
-                ",".join(info.counters_available) or "-", " (dry-run)" if info.dry_run else "",
+                info.node_id,
+                info.cpu_capacity_cores,
+                pb.CgroupMode.Name(info.cgroup_mode),
+                ",".join(info.counters_available) or "-",
+                " (dry-run)" if info.dry_run else "",
             )
             self._update_agent_gauge()
             return pb.Welcome(epoch=self.epoch, slot_seconds=self.config.slot_seconds)
@@ -149,7 +153,11 @@ class Controller:
             self.metrics.directive_rejections.labels(reason).inc()
             log.warning(
                 "agent %s refused cap for %s/%s/%d: %s",
-                node_id, r.key.app, r.key.operator, r.key.instance, r.reason,
+                node_id,
+                r.key.app,
+                r.key.operator,
+                r.key.instance,
+                r.reason,
             )
 
     def _update_agent_gauge(self) -> None:
@@ -187,19 +195,25 @@ class Controller:
             now = self.clock()
             agents = [
                 pb.AgentStatus(
-                    node_id=a.node_id, cpu_capacity_cores=a.cpu_capacity_cores,
+                    node_id=a.node_id,
+                    cpu_capacity_cores=a.cpu_capacity_cores,
                     cgroup_mode=a.cgroup_mode,
                     instances=sum(1 for h in self.state.histories.values() if h.node == a.node_id),
                     last_report_age_seconds=(now - a.last_report_at) if a.last_report_at else -1,
-                    counters_available=list(a.counters_available), dry_run=a.dry_run,
+                    counters_available=list(a.counters_available),
+                    dry_run=a.dry_run,
                 )
                 for a in sorted(self.state.agents.values(), key=lambda a: a.node_id)
                 if a.connected
             ]
             return pb.StatusReply(
-                mode=MODE_TO_PB[self.mode], epoch=self.epoch, agents=agents,
-                applications=len(self.state.topologies), instances=len(self.state.histories),
-                slot_seconds=self.config.slot_seconds, version=__version__,
+                mode=MODE_TO_PB[self.mode],
+                epoch=self.epoch,
+                agents=agents,
+                applications=len(self.state.topologies),
+                instances=len(self.state.histories),
+                slot_seconds=self.config.slot_seconds,
+                version=__version__,
                 uptime_seconds=now - self.started_at,
             )
 
@@ -217,14 +231,18 @@ class Controller:
                 self.sources.forget_except(set(views))
             apps = sorted({k.app for k in views})
             classes = {a: self.qos.class_of(a) for a in apps}
-            budgets = latency_budgets(views, forecasts, {a: c.target_seconds for a, c in classes.items()})
+            budgets = latency_budgets(
+                views, forecasts, {a: c.target_seconds for a, c in classes.items()}
+            )
             estimator = build_estimator(cfg, budgets)
             demands: dict[InstanceKey, pipeline.InstanceDemand] = {}
             for op, view in views.items():
                 demands.update(estimator.estimate(view, forecasts[op]))
             capacity = self.node_capacity()
             models = (
-                app_latency_models(views, forecasts, demands, cfg.min_cap_cores, cfg.arrival_scv, cfg.service_scv)
+                app_latency_models(
+                    views, forecasts, demands, cfg.min_cap_cores, cfg.arrival_scv, cfg.service_scv
+                )
                 if cfg.dp_value == "latency"
                 else None
             )
@@ -241,8 +259,13 @@ class Controller:
             self._unhold(steps)
             room = {n: max(0.0, c - cfg.headroom_cores) for n, c in capacity.items()}
             steps = pipeline.fit_quantized_caps(
-                steps, self._hysteresis, alloc.cores, {k: d.node for k, d in demands.items()},
-                {k: classes[k.app].weight for k in steps}, room, cfg.min_cap_cores,
+                steps,
+                self._hysteresis,
+                alloc.cores,
+                {k: d.node for k, d in demands.items()},
+                {k: classes[k.app].weight for k in steps},
+                room,
+                cfg.min_cap_cores,
             )
             caps = {k: (demands[k].node, s.cap) for k, s in steps.items()}
             caps_by_node: dict[str, dict[InstanceKey, float]] = {}
@@ -253,10 +276,15 @@ class Controller:
             if acted.sent:
                 self.metrics.directives.inc(len(acted.sent))
             estimates = estimate_latency_seconds(
-                views, forecasts, {k: c for k, (_, c) in caps.items()}, cfg.arrival_scv, cfg.service_scv
+                views,
+                forecasts,
+                {k: c for k, (_, c) in caps.items()},
+                cfg.arrival_scv,
+                cfg.service_scv,
             )
             predicted_violation = {
-                a: float(violation_ratio([estimates[a]], classes[a].target_seconds)[0]) for a in apps
+                a: float(violation_ratio([estimates[a]], classes[a].target_seconds)[0])
+                for a in apps
             }
             self._caps = {**self._still_held(caps), **caps}
             for gone in set(self._hysteresis) - set(self._caps):
@@ -265,11 +293,24 @@ class Controller:
             new_rejections = {r: n - self._rejected_seen.get(r, 0) for r, n in rejected.items()}
             self._rejected_seen = rejected
             record = build_record(
-                epoch=self.epoch, now=now, mode=self.mode, slot_seconds=cfg.slot_seconds,
-                views=views, forecasts=forecasts, demands=demands, alloc=alloc, steps=steps,
-                classes=classes, budgets=budgets, estimates=estimates,
-                predicted_violation=predicted_violation, capacity=capacity, room=room,
-                placement=placement, actuator=actuator.name, acted=acted,
+                epoch=self.epoch,
+                now=now,
+                mode=self.mode,
+                slot_seconds=cfg.slot_seconds,
+                views=views,
+                forecasts=forecasts,
+                demands=demands,
+                alloc=alloc,
+                steps=steps,
+                classes=classes,
+                budgets=budgets,
+                estimates=estimates,
+                predicted_violation=predicted_violation,
+                capacity=capacity,
+                room=room,
+                placement=placement,
+                actuator=actuator.name,
+                acted=acted,
                 rejected={r: n for r, n in new_rejections.items() if n},
             )
             for row in record["apps"]:
@@ -280,7 +321,9 @@ class Controller:
             self.store.record_decision(self.epoch, now, self.mode, record)
             rec = alloc.recommendation
             if rec is not None and rec.nodes_delta:
-                self.store.record_recommendation(self.epoch, now, rec.nodes_delta, rec.gain, rec.reason)
+                self.store.record_recommendation(
+                    self.epoch, now, rec.nodes_delta, rec.gain, rec.reason
+                )
             self.metrics.epoch.set(self.epoch)
         self.metrics.epoch_duration.observe(time.perf_counter() - t0)
         return record
@@ -304,7 +347,9 @@ class Controller:
         for k in steps:
             self._held.pop(k, None)
 
-    def _still_held(self, current: dict[InstanceKey, tuple[str, float]]) -> dict[InstanceKey, tuple[str, float]]:
+    def _still_held(
+        self, current: dict[InstanceKey, tuple[str, float]]
+    ) -> dict[InstanceKey, tuple[str, float]]:
         keep = {}
         for k, value in self._caps.items():
             if k in current:

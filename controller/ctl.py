@@ -21,14 +21,38 @@ def _fmt(v: float, digits: int = 2) -> str:
 
 
 def plan_table(reply: pb.PlanReply, title: str | None = None) -> Table:
-    t = Table(title=title or f"epoch {reply.epoch} ({pb.Mode.Name(reply.mode).lower().replace('_', '-')})")
-    for col in ("app", "operator", "inst", "arrival/s", "predicted/s", "by", "demand", "cap", "usage", "queue", "latency ms", "reason"):
+    t = Table(
+        title=title or f"epoch {reply.epoch} ({pb.Mode.Name(reply.mode).lower().replace('_', '-')})"
+    )
+    for col in (
+        "app",
+        "operator",
+        "inst",
+        "arrival/s",
+        "predicted/s",
+        "by",
+        "demand",
+        "cap",
+        "usage",
+        "queue",
+        "latency ms",
+        "reason",
+    ):
         t.add_column(col, justify="left" if col in ("app", "operator", "by", "reason") else "right")
     for o in reply.operators:
         t.add_row(
-            o.app, o.operator, str(o.instances), f"{o.arrival_rate:.1f}", f"{o.predicted_rate:.1f}",
-            o.predictor, f"{o.demand_cores:.2f}", f"{o.cap_cores:.2f}", f"{o.usage_cores:.2f}",
-            str(o.queue_length), _fmt(o.latency_ms, 1), o.reason,
+            o.app,
+            o.operator,
+            str(o.instances),
+            f"{o.arrival_rate:.1f}",
+            f"{o.predicted_rate:.1f}",
+            o.predictor,
+            f"{o.demand_cores:.2f}",
+            f"{o.cap_cores:.2f}",
+            f"{o.usage_cores:.2f}",
+            str(o.queue_length),
+            _fmt(o.latency_ms, 1),
+            o.reason,
         )
     return t
 
@@ -36,20 +60,42 @@ def plan_table(reply: pb.PlanReply, title: str | None = None) -> Table:
 def apps_table(rec: dict) -> Table:
     """Per application: class, demand, allocation, latency and the DP's units."""
     t = Table(title="applications")
-    for col in ("app", "class", "weight", "target ms", "demand", "allocated", "caps", "cut", "latency ms", "estimate ms", "dp units"):
+    for col in (
+        "app",
+        "class",
+        "weight",
+        "target ms",
+        "demand",
+        "allocated",
+        "caps",
+        "cut",
+        "latency ms",
+        "estimate ms",
+        "dp units",
+    ):
         t.add_column(col, justify="left" if col in ("app", "class") else "right")
     for a in rec.get("apps", []):
         lat, est = a.get("latency_ms"), a.get("latency_estimate_ms")
         t.add_row(
-            a["app"], a["class"], f"{a['weight']:g}", f"{a['target_ms']:g}", f"{a['demand_cores']:.2f}",
-            f"{a['allocated_cores']:.2f}", f"{a['cap_cores']:.2f}", f"{a['cut_cores']:.2f}",
-            "-" if lat is None else f"{lat:.1f}", "-" if est is None else f"{est:.1f}", str(a["dp_units"]),
+            a["app"],
+            a["class"],
+            f"{a['weight']:g}",
+            f"{a['target_ms']:g}",
+            f"{a['demand_cores']:.2f}",
+            f"{a['allocated_cores']:.2f}",
+            f"{a['cap_cores']:.2f}",
+            f"{a['cut_cores']:.2f}",
+            "-" if lat is None else f"{lat:.1f}",
+            "-" if est is None else f"{est:.1f}",
+            str(a["dp_units"]),
         )
     return t
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="dschedctl", description="Control a running dsched controller.")
+    p = argparse.ArgumentParser(
+        prog="dschedctl", description="Control a running dsched controller."
+    )
     p.add_argument("--address", default="127.0.0.1:7700", help="controller gRPC HOST:PORT")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the controller")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -77,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     except grpc.RpcError as exc:
         code = exc.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            print(f"dschedctl: controller at {args.address} is not reachable ({code.name.lower()})", file=sys.stderr)
+            print(
+                f"dschedctl: controller at {args.address} is not reachable ({code.name.lower()})",
+                file=sys.stderr,
+            )
             return 3
         print(f"dschedctl: {exc.details()}", file=sys.stderr)
         return 1
@@ -102,9 +151,13 @@ def _run(args, stub, console: Console) -> int:
         tab = Table("node", "cores", "cgroups", "instances", "report age s", "counters", "dry-run")
         for a in r.agents:
             tab.add_row(
-                a.node_id, f"{a.cpu_capacity_cores:g}", pb.CgroupMode.Name(a.cgroup_mode),
-                str(a.instances), _fmt(a.last_report_age_seconds, 1),
-                ",".join(a.counters_available), "yes" if a.dry_run else "no",
+                a.node_id,
+                f"{a.cpu_capacity_cores:g}",
+                pb.CgroupMode.Name(a.cgroup_mode),
+                str(a.instances),
+                _fmt(a.last_report_age_seconds, 1),
+                ",".join(a.counters_available),
+                "yes" if a.dry_run else "no",
             )
         console.print(tab)
     elif args.cmd == "mode":
@@ -138,15 +191,31 @@ def _run(args, stub, console: Console) -> int:
             if args.json:
                 from google.protobuf.json_format import MessageToDict
 
-                print(json.dumps(MessageToDict(r, always_print_fields_with_no_presence=True), indent=2))
+                print(
+                    json.dumps(
+                        MessageToDict(r, always_print_fields_with_no_presence=True), indent=2
+                    )
+                )
                 return 0
             tab = Table("class", "target ms", "max violation", "weight", title="classes")
             for c in r.classes:
-                tab.add_row(c.name, f"{c.target_latency_ms:g}", f"{c.max_violation_ratio:g}", f"{c.weight:g}")
+                tab.add_row(
+                    c.name,
+                    f"{c.target_latency_ms:g}",
+                    f"{c.max_violation_ratio:g}",
+                    f"{c.weight:g}",
+                )
             console.print(tab)
-            tab = Table("app", "class", "known", "source", title=f"assignments (default {r.default_class})")
+            tab = Table(
+                "app", "class", "known", "source", title=f"assignments (default {r.default_class})"
+            )
             for a in r.assignments:
-                tab.add_row(a.app, a.qos_class, "yes" if a.app_known else "no", "default" if a.defaulted else "set")
+                tab.add_row(
+                    a.app,
+                    a.qos_class,
+                    "yes" if a.app_known else "no",
+                    "default" if a.defaulted else "set",
+                )
             console.print(tab)
     elif args.cmd == "explain":
         r = stub.Explain(pb.ExplainRequest(app=args.app, epochs=args.epochs), timeout=t)

@@ -24,9 +24,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "Starts in dry-run unless the config or a persisted `dschedctl mode` says otherwise."
         ),
     )
-    p.add_argument("--config", type=Path, help=f"TOML config (default {DEFAULT_CONFIG} if it exists)")
-    p.add_argument("--listen", help="gRPC HOST:PORT for agents and dschedctl (default 127.0.0.1:7700)")
-    p.add_argument("--state-dir", type=Path, help="SQLite state directory (default /var/lib/dsched)")
+    p.add_argument(
+        "--config", type=Path, help=f"TOML config (default {DEFAULT_CONFIG} if it exists)"
+    )
+    p.add_argument(
+        "--listen", help="gRPC HOST:PORT for agents and dschedctl (default 127.0.0.1:7700)"
+    )
+    p.add_argument(
+        "--state-dir", type=Path, help="SQLite state directory (default /var/lib/dsched)"
+    )
     p.add_argument("--metrics", help="Prometheus HOST:PORT (default 127.0.0.1:9708)")
     p.add_argument("--slot-seconds", type=float, help="control period T (default 10)")
     p.add_argument("--mode", choices=["dry-run", "enforce"], help="mode on first start")
@@ -40,8 +46,12 @@ def load(args: argparse.Namespace) -> ControllerConfig:
         path = DEFAULT_CONFIG
     cfg = load_config(ControllerConfig, path)
     return override(
-        cfg, listen=args.listen, state_dir=args.state_dir, metrics=args.metrics,
-        slot_seconds=args.slot_seconds, mode=args.mode,
+        cfg,
+        listen=args.listen,
+        state_dir=args.state_dir,
+        metrics=args.metrics,
+        slot_seconds=args.slot_seconds,
+        mode=args.mode,
     )
 
 
@@ -67,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     logging.getLogger("dsched.controller").info(
         "listening on %s (mode %s, slot %.1f s, metrics %s, state %s)",
-        cfg.listen, controller.mode, cfg.slot_seconds, cfg.metrics, cfg.state_dir,
+        cfg.listen,
+        controller.mode,
+        cfg.slot_seconds,
+        cfg.metrics,
+        cfg.state_dir,
     )
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

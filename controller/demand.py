@@ -81,7 +81,9 @@ class WithLatencyTarget:
     ca2: float = 1.0
     cs2: float = 1.0
 
-    def estimate(self, view: OperatorView, fc: OperatorForecast) -> dict[InstanceKey, InstanceDemand]:
+    def estimate(
+        self, view: OperatorView, fc: OperatorForecast
+    ) -> dict[InstanceKey, InstanceDemand]:
         base = self.inner.estimate(view, fc)
         budget = self.budgets.get(view.key)
         if budget is None or fc.kappa <= 0 or fc.rate <= 0 or not base:
@@ -120,12 +122,15 @@ def app_latency_models(
         names = topological_order({k.operator: views[k].upstream for k in keys})
         ordered = [OperatorKey(app, n) for n in names]
         index = {k.operator: i for i, k in enumerate(ordered)}
-        extra = np.array([
-            sum(max(demands[i].cores - floor_cores, 0.0) for i in views[k].instances) for k in ordered
-        ])
-        floors = np.array([
-            sum(min(demands[i].cores, floor_cores) for i in views[k].instances) for k in ordered
-        ])
+        extra = np.array(
+            [
+                sum(max(demands[i].cores - floor_cores, 0.0) for i in views[k].instances)
+                for k in ordered
+            ]
+        )
+        floors = np.array(
+            [sum(min(demands[i].cores, floor_cores) for i in views[k].instances) for k in ordered]
+        )
         total = extra.sum()
         models[app] = AppLatencyModel(
             arrival_rate=np.array([forecasts[k].rate for k in ordered]),
@@ -171,10 +176,15 @@ def estimate_latency_seconds(
             parents=tuple(
                 tuple(index[p] for p in views[k].upstream if p in index) for k in ordered
             ),
-            floor_cores=np.array([
-                sum(min(caps.get(i, MAX_INSTANCE_CORES), MAX_INSTANCE_CORES) for i in views[k].instances)
-                for k in ordered
-            ]),
+            floor_cores=np.array(
+                [
+                    sum(
+                        min(caps.get(i, MAX_INSTANCE_CORES), MAX_INSTANCE_CORES)
+                        for i in views[k].instances
+                    )
+                    for k in ordered
+                ]
+            ),
             ca2=ca2,
             cs2=cs2,
         )

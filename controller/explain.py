@@ -51,76 +51,127 @@ def build_record(
         if v.latency_ms is not None:
             # End-to-end latency is reported where root tuples complete (sinks).
             measured[op.app] = max(measured.get(op.app, 0.0), v.latency_ms)
-        operators.append({
-            "app": op.app, "operator": op.operator, "instances": len(v.instances),
-            "arrival_rate": float(v.arrivals[-1]) if len(v.arrivals) else 0.0,
-            "predicted_rate": fc.rate, "predictor": fc.predictor,
-            "candidates": fc.candidates, "kappa": fc.kappa,
-            "selectivity": v.selectivity,
-            "demand_cores": sum(demands[k].cores for k in v.instances),
-            "cap_cores": sum(steps[k].cap for k in v.instances),
-            "usage_cores": v.usage_cores,
-            "queue": float(v.queue[-1]) if len(v.queue) else 0.0,
-            "latency_ms": v.latency_ms, "service_ms": v.service_ms,
-            "latency_budget_ms": _ms(budgets.get(op)),
-            "reason": ", ".join(sorted({demands[k].reason for k in v.instances})),
-        })
+        operators.append(
+            {
+                "app": op.app,
+                "operator": op.operator,
+                "instances": len(v.instances),
+                "arrival_rate": float(v.arrivals[-1]) if len(v.arrivals) else 0.0,
+                "predicted_rate": fc.rate,
+                "predictor": fc.predictor,
+                "candidates": fc.candidates,
+                "kappa": fc.kappa,
+                "selectivity": v.selectivity,
+                "demand_cores": sum(demands[k].cores for k in v.instances),
+                "cap_cores": sum(steps[k].cap for k in v.instances),
+                "usage_cores": v.usage_cores,
+                "queue": float(v.queue[-1]) if len(v.queue) else 0.0,
+                "latency_ms": v.latency_ms,
+                "service_ms": v.service_ms,
+                "latency_budget_ms": _ms(budgets.get(op)),
+                "reason": ", ".join(sorted({demands[k].reason for k in v.instances})),
+            }
+        )
     instances = []
     cuts = []
-    for k, s in sorted(steps.items()):
-        d = demands[k]
-        view = views[k.operator_key]
-        cut = alloc.cut.get(k, 0.0)
-        instances.append({
-            "app": k.app, "operator": k.operator, "instance": k.instance, "node": d.node,
-            "demand_cores": d.cores, "demand_reason": d.reason,
-            "allocated_cores": alloc.cores[k], "cut_cores": cut,
-            "cap_cores": s.cap, "hysteresis": s.reason,
-            "usage_cores": view.usage_by_instance.get(k, 0.0),
-            "cap_in_force": view.cap_by_instance.get(k),
-            "throttled_seconds": view.throttled_by_instance.get(k),
-            "queue": view.queue_by_instance.get(k, 0.0),
-        })
-        if cut > 1e-9:
-            cuts.append({
-                "app": k.app, "operator": k.operator, "instance": k.instance, "node": d.node,
-                "cut_cores": cut, "reason": alloc.cut_reason.get(k, ""),
-            })
+    # Views are in key order and so are their instances: no sort, no lookups by view.
+    for view in views.values():
+        for k in view.instances:
+            s = steps[k]
+            d = demands[k]
+            cut = alloc.cut.get(k, 0.0)
+            instances.append(
+                {
+                    "app": k.app,
+                    "operator": k.operator,
+                    "instance": k.instance,
+                    "node": d.node,
+                    "demand_cores": d.cores,
+                    "demand_reason": d.reason,
+                    "allocated_cores": alloc.cores[k],
+                    "cut_cores": cut,
+                    "cap_cores": s.cap,
+                    "hysteresis": s.reason,
+                    "usage_cores": view.usage_by_instance.get(k, 0.0),
+                    "cap_in_force": view.cap_by_instance.get(k),
+                    "throttled_seconds": view.throttled_by_instance.get(k),
+                    "queue": view.queue_by_instance.get(k, 0.0),
+                }
+            )
+            if cut > 1e-9:
+                cuts.append(
+                    {
+                        "app": k.app,
+                        "operator": k.operator,
+                        "instance": k.instance,
+                        "node": d.node,
+                        "cut_cores": cut,
+                        "reason": alloc.cut_reason.get(k, ""),
+                    }
+                )
     caps_by_app: dict[str, float] = {}
-    for k, s in steps.items():
-        caps_by_app[k.app] = caps_by_app.get(k.app, 0.0) + s.cap
+    for row in instances:
+        caps_by_app[row["app"]] = caps_by_app.get(row["app"], 0.0) + row["cap_cores"]
     apps = []
     for app, a in sorted(alloc.apps.items()):
         qos = classes[app]
         lat = measured.get(app)
-        apps.append({
-            "app": app, "class": qos.name, "weight": qos.weight,
-            "target_ms": qos.target_latency_ms, "max_violation_ratio": qos.max_violation_ratio,
-            "demand_cores": a.demand_cores, "floor_cores": a.floor_cores,
-            "allocated_cores": a.allocated_cores, "cap_cores": caps_by_app.get(app, 0.0),
-            "cut_cores": a.cut_cores, "dp_units": a.dp_units,
-            "latency_ms": lat, "latency_estimate_ms": _ms(estimates.get(app)),
-            "predicted_violation_ratio": predicted_violation.get(app),
-            "violation": lat is not None and lat > qos.target_latency_ms,
-        })
+        apps.append(
+            {
+                "app": app,
+                "class": qos.name,
+                "weight": qos.weight,
+                "target_ms": qos.target_latency_ms,
+                "max_violation_ratio": qos.max_violation_ratio,
+                "demand_cores": a.demand_cores,
+                "floor_cores": a.floor_cores,
+                "allocated_cores": a.allocated_cores,
+                "cap_cores": caps_by_app.get(app, 0.0),
+                "cut_cores": a.cut_cores,
+                "dp_units": a.dp_units,
+                "latency_ms": lat,
+                "latency_estimate_ms": _ms(estimates.get(app)),
+                "predicted_violation_ratio": predicted_violation.get(app),
+                "violation": lat is not None and lat > qos.target_latency_ms,
+            }
+        )
     dp = alloc.dp
     rec = alloc.recommendation
     return {
-        "epoch": epoch, "timestamp": now, "mode": mode, "slot_seconds": slot_seconds,
-        "capacity_cores": dict(capacity), "usable_cores": dict(room),
-        "operators": operators, "instances": instances, "apps": apps, "cuts": cuts,
-        "dp": None if dp is None else {
-            "unit_cores": dp.unit_cores, "capacity_units": dp.capacity_units,
-            "value": dp.value, "seconds": dp.seconds, "solved": dp.solved,
+        "epoch": epoch,
+        "timestamp": now,
+        "mode": mode,
+        "slot_seconds": slot_seconds,
+        "capacity_cores": dict(capacity),
+        "usable_cores": dict(room),
+        "operators": operators,
+        "instances": instances,
+        "apps": apps,
+        "cuts": cuts,
+        "dp": None
+        if dp is None
+        else {
+            "unit_cores": dp.unit_cores,
+            "capacity_units": dp.capacity_units,
+            "value": dp.value,
+            "seconds": dp.seconds,
+            "solved": dp.solved,
         },
-        "node_recommendation": None if rec is None else {
-            "nodes_delta": rec.nodes_delta, "gain": rec.gain, "value_now": rec.value_now,
-            "value_one_more": rec.value_one_more, "value_one_fewer": rec.value_one_fewer,
+        "node_recommendation": None
+        if rec is None
+        else {
+            "nodes_delta": rec.nodes_delta,
+            "gain": rec.gain,
+            "value_now": rec.value_now,
+            "value_one_more": rec.value_one_more,
+            "value_one_fewer": rec.value_one_fewer,
             "reason": rec.reason,
         },
         "placement": placement,
         "notes": alloc.notes,
-        "actuator": actuator, "sent": acted.sent, "unreachable": acted.unreachable,
+        "actuator": actuator,
+        "sent": acted.sent,
+        "unreachable": acted.unreachable,
         "rejected": rejected,
     }
 

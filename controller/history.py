@@ -65,8 +65,15 @@ class HistoryReader:
     def __init__(self, config: HistoryConfig):
         self.config = config
 
-    def _latest(self, table: Path, key_column: str, key: str, slots: int,
-                columns: list[str], extra: tuple[str, str] | None = None) -> pd.DataFrame:
+    def _latest(
+        self,
+        table: Path,
+        key_column: str,
+        key: str,
+        slots: int,
+        columns: list[str],
+        extra: tuple[str, str] | None = None,
+    ) -> pd.DataFrame:
         frames: list[pd.DataFrame] = []
         found = 0
         for path in _batch_files_newest_first(table):
@@ -100,8 +107,9 @@ class HistoryReader:
         _check_key("operator", operator)
         slots = _check_slots(slots)
         columns = [c for c in S.OPERATOR_TABLE.names if c not in ("app", "operator", "batch_id")]
-        frame = self._latest(self.config.operators_dir, "app", app, slots, columns,
-                             extra=("operator", operator))
+        frame = self._latest(
+            self.config.operators_dir, "app", app, slots, columns, extra=("operator", operator)
+        )
         executed = frame["executed"].astype(float).replace(0.0, np.nan)
         frame = frame.assign(
             kappa=frame["cpu_seconds"].astype(float) / executed,

@@ -51,7 +51,9 @@ class _DecisionCollector(Collector):
             rate.add_metric([row["app"], row["operator"]], row["predicted_rate"])
             arrival.add_metric([row["app"], row["operator"]], row["arrival_rate"])
         app_demand = GaugeMetricFamily(
-            "dsched_app_demand_cores", "CPU demand of an application, cores", labels=["app", "class"]
+            "dsched_app_demand_cores",
+            "CPU demand of an application, cores",
+            labels=["app", "class"],
         )
         app_alloc = GaugeMetricFamily(
             "dsched_app_allocated_cores",
@@ -81,8 +83,12 @@ class ControllerMetrics:
     def __init__(self, last_record: Callable[[], dict[str, Any] | None]):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.agents_connected = Gauge("dsched_agents_connected", "Agents with an open stream", registry=r)
-        self.dry_run = Gauge("dsched_dry_run", "1 while the controller only records decisions", registry=r)
+        self.agents_connected = Gauge(
+            "dsched_agents_connected", "Agents with an open stream", registry=r
+        )
+        self.dry_run = Gauge(
+            "dsched_dry_run", "1 while the controller only records decisions", registry=r
+        )
         self.epoch = Gauge("dsched_controller_epoch", "Last control epoch", registry=r)
         self.epoch_duration = Histogram(
             "dsched_controller_epoch_duration_seconds",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -103,7 +103,9 @@ def evaluate(state: ClusterState, phi: int) -> dict[OperatorKey, OperatorView]:
             throttled_by_instance={
                 h.key: r[-1].throttled_seconds for h, r in zip(hists, rows, strict=True)
             },
-            latency_ms=(1000 * sum(s.latency_sum_seconds for s in last) / lat_count) if lat_count else None,
+            latency_ms=(1000 * sum(s.latency_sum_seconds for s in last) / lat_count)
+            if lat_count
+            else None,
             service_ms=(1000 * sum(s.service_seconds for r in rows for s in r) / svc_count)
             if svc_count
             else None,
@@ -130,8 +132,13 @@ class SourceHistory:
     epoch only advances each filter by one observation.
     """
 
-    def __init__(self, length: int = 300, **arima_options):
+    def __init__(self, length: int = 300, fits_per_epoch: int = 8, **arima_options):
         self.length = length
+        # First fits cost tens of milliseconds each; when many sources reach the
+        # minimum history together, fitting all in one epoch would stall it, so
+        # only this many first fits run per epoch (the rest use the trend meanwhile).
+        self.fits_per_epoch = fits_per_epoch
+        self._fits_left = fits_per_epoch
         self.arima_options = arima_options
         self.series: dict[OperatorKey, deque[float]] = {}
         self.models: dict[OperatorKey, Arima] = {}
@@ -151,8 +158,15 @@ class SourceHistory:
             model = self.models[key] = Arima(**self.arima_options)
         if series is None or len(series) < model.min_history:
             return None
+        if model.fitted_order is None:
+            if self._fits_left <= 0:
+                return None
+            self._fits_left -= 1
         fc = model.predict(np.fromiter(series, float, len(series)))
         return float(fc.values[0]) if fc.method == "arima" else None
+
+    def begin_epoch(self) -> None:
+        self._fits_left = self.fits_per_epoch
 
     def forget_except(self, live: set[OperatorKey]) -> None:
         for store in (self.series, self.models, self._seen):
@@ -166,11 +180,16 @@ def forecast(
     """Predict every operator's arrivals: max of its own trend, its parents' output
     and (for sources with enough history) ARIMA."""
     trend = LinearTrend(window=phi)
+    if sources is not None:
+        sources.begin_epoch()
     out: dict[OperatorKey, OperatorForecast] = {}
     apps = sorted({k.app for k in views})
     for app in apps:
         ops = {k.operator: v for k, v in views.items() if k.app == app}
-        own = {op: max(0.0, float(trend.forecast(v.arrivals, horizon=1)[0])) for op, v in ops.items()}
+        trended = {
+            op: max(0.0, float(trend.forecast(v.arrivals, horizon=1)[0])) for op, v in ops.items()
+        }
+        own = dict(trended)
         children = {op: [c for c, w in ops.items() if op in w.upstream] for op in ops}
         has_parents = {op for kids in children.values() for op in kids}
         arima: dict[str, float] = {}
@@ -192,14 +211,16 @@ def forecast(
             combine_with={op: own[op] for op in has_parents},
         )
         for op, v in ops.items():
-            candidates = {"linear_trend": max(0.0, float(trend.forecast(v.arrivals, horizon=1)[0]))}
+            candidates = {"linear_trend": trended[op]}
             if op in arima:
                 candidates["arima"] = arima[op]
             if op in has_parents:
                 candidates["dag"] = from_parents[op]
             best = combine(candidates)
             kappa = cpu_per_tuple(v.cpu_seconds, v.executed * v.seconds, window=phi)
-            out[v.key] = OperatorForecast(v.key, best.value, best.winner, best.candidates, float(kappa))
+            out[v.key] = OperatorForecast(
+                v.key, best.value, best.winner, best.candidates, float(kappa)
+            )
     return out
 
 
@@ -224,7 +245,9 @@ class DemandEstimator(Protocol):
 class RateDemand:
     """r_j = psi_j * kappa_j / T_j: the CPU to process the predicted arrivals."""
 
-    def estimate(self, view: OperatorView, fc: OperatorForecast) -> dict[InstanceKey, InstanceDemand]:
+    def estimate(
+        self, view: OperatorView, fc: OperatorForecast
+    ) -> dict[InstanceKey, InstanceDemand]:
         per = fc.rate * fc.kappa / max(1, len(view.instances))
         return {k: InstanceDemand(k, view.nodes[k], per, "rate") for k in view.instances}
 
@@ -236,12 +259,16 @@ class WithBacklogDrain:
     inner: DemandEstimator
     drain_seconds: float
 
-    def estimate(self, view: OperatorView, fc: OperatorForecast) -> dict[InstanceKey, InstanceDemand]:
+    def estimate(
+        self, view: OperatorView, fc: OperatorForecast
+    ) -> dict[InstanceKey, InstanceDemand]:
         base = self.inner.estimate(view, fc)
         out = {}
         for k, d in base.items():
             extra = view.queue_by_instance.get(k, 0.0) * fc.kappa / self.drain_seconds
-            out[k] = InstanceDemand(k, d.node, d.cores + extra, "backlog" if extra > d.cores else d.reason)
+            out[k] = InstanceDemand(
+                k, d.node, d.cores + extra, "backlog" if extra > d.cores else d.reason
+            )
         return out
 
 
@@ -252,9 +279,13 @@ class WithFloor:
     inner: DemandEstimator
     floor_cores: float
 
-    def estimate(self, view: OperatorView, fc: OperatorForecast) -> dict[InstanceKey, InstanceDemand]:
+    def estimate(
+        self, view: OperatorView, fc: OperatorForecast
+    ) -> dict[InstanceKey, InstanceDemand]:
         return {
-            k: d if d.cores >= self.floor_cores else InstanceDemand(k, d.node, self.floor_cores, "floor")
+            k: d
+            if d.cores >= self.floor_cores
+            else InstanceDemand(k, d.node, self.floor_cores, "floor")
             for k, d in self.inner.estimate(view, fc).items()
         }
 
@@ -311,7 +342,9 @@ class DemandAllocator:
             want = sum(demands[k].cores for k in keys)
             got = sum(alloc.cores[k] for k in keys)
             qos = classes[app]
-            alloc.apps[app] = AppAllocation(app, qos.name, qos.weight, want, 0.0, 0, got, want - got)
+            alloc.apps[app] = AppAllocation(
+                app, qos.name, qos.weight, want, 0.0, 0, got, want - got
+            )
         return alloc
 
 
@@ -326,7 +359,7 @@ def apply_hysteresis(
     """Per instance: raise at once, lower after theta/2, quantize; never above the node.
     With ``forget``, the memory of instances without an allocation is dropped."""
     steps = {}
-    for k, cores in sorted(alloc.cores.items()):
+    for k, cores in alloc.cores.items():
         st = memory.setdefault(k, hysteresis.HysteresisState())
         s = hysteresis.step(st, cores, theta)
         limit = max_cap.get(k, math.inf)
@@ -359,15 +392,19 @@ def fit_quantized_caps(
     ``min_cap``. Caps lowered here need not be multiples of theta: the node's
     room wins over the granularity.
     """
+    load: dict[str, float] = {}
     by_node: dict[str, list[InstanceKey]] = {}
-    for k in steps:
-        by_node.setdefault(node_of[k], []).append(k)
+    for k, s in steps.items():
+        node = node_of[k]
+        load[node] = load.get(node, 0.0) + s.cap
+        by_node.setdefault(node, []).append(k)
     out = dict(steps)
-    for node, keys in by_node.items():
-        caps = {k: out[k].cap for k in keys}
-        over = sum(caps.values()) - room.get(node, math.inf)
+    for node, total in load.items():
+        over = total - room.get(node, math.inf)
         if over <= 1e-9:
-            continue
+            continue  # most nodes fit: nothing to look at
+        keys = by_node[node]
+        caps = {k: out[k].cap for k in keys}
         floor = {k: min(min_cap, caps[k]) for k in keys}
         target = {k: max(allocated.get(k, 0.0), floor[k]) for k in keys}
         for k in sorted(keys, key=lambda k: (weight_of.get(k, 1.0), target[k] - caps[k], k)):

@@ -4,16 +4,20 @@ The controller calls :func:`plan_placement` once per epoch, after caps are
 decided, with the decision record it already builds (``Controller._record``)::
 
     from controller.placement import get_strategy
-    from controller.placement_stage import plan_placement, current_from_histories
+    from controller.placement_stage import (
+        current_from_histories, dags_from_topologies, placement_summary, plan_placement,
+    )
 
     strategy = get_strategy(config.placement)            # once, at start
+    # dry-run: get_move_actuator("log-only"); enforce on the testbed:
+    # get_move_actuator("testbed", url=config.testbed_url)  (controller.migration)
     plan = plan_placement(
         record,                                          # this epoch's record
         capacity=self.state.node_capacity(),             # node -> cores
         current=current_from_histories(self.state.histories),
         strategy=strategy,
         headroom_cores=config.headroom_cores,
-        dags={app: t.edges() for app, t in self.state.topologies.items()},  # optional
+        dags=dags_from_topologies(self.state.topologies),  # optional, improves BFS order
     )
     if plan is not None:
         record["placement"] = placement_summary(plan)
@@ -54,6 +58,14 @@ def current_from_histories(histories: Mapping[Any, Any]) -> dict[str, tuple[str,
     return {
         instance_id(k.app, k.operator, k.instance): (h.worker, bool(h.stateful))
         for k, h in histories.items()
+    }
+
+
+def dags_from_topologies(topologies: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
+    """Operator edges per app from ``controller.state.ClusterState.topologies`` (parents)."""
+    return {
+        app: [(parent, op) for op, parents in topo.parents.items() for parent in parents]
+        for app, topo in topologies.items()
     }
 
 

@@ -53,9 +53,7 @@ class QosRegistry:
         """Assign ``app`` to ``qos_class``; ValueError (and no change) when either is bad."""
         check_name("app", app)
         if qos_class not in self.classes:
-            raise ValueError(
-                f"unknown QoS class {qos_class!r} (known: {', '.join(self.classes)})"
-            )
+            raise ValueError(f"unknown QoS class {qos_class!r} (known: {', '.join(self.classes)})")
         self.store.set_qos(app, qos_class, at)
         self._assigned[app] = qos_class
 

@@ -67,7 +67,11 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                     kind = msg.WhichOneof("body")
                     if kind == "report":
                         if msg.report.node_id != node:
-                            log.warning("agent %s sent a report for node %s; ignored", node, msg.report.node_id)
+                            log.warning(
+                                "agent %s sent a report for node %s; ignored",
+                                node,
+                                msg.report.node_id,
+                            )
                             continue
                         self.controller.on_report(msg.report)
                     elif kind == "ack":
@@ -125,13 +129,17 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         qos = self.controller.qos
         return pb.ListQosReply(
             assignments=[
-                pb.QosAssignment(app=a.app, qos_class=a.qos_class, app_known=a.app_known, defaulted=a.defaulted)
+                pb.QosAssignment(
+                    app=a.app, qos_class=a.qos_class, app_known=a.app_known, defaulted=a.defaulted
+                )
                 for a in self.controller.list_qos()
             ],
             classes=[
                 pb.QosClass(
-                    name=c.name, target_latency_ms=c.target_latency_ms,
-                    max_violation_ratio=c.max_violation_ratio, weight=c.weight,
+                    name=c.name,
+                    target_latency_ms=c.target_latency_ms,
+                    max_violation_ratio=c.max_violation_ratio,
+                    weight=c.weight,
                 )
                 for c in qos.classes.values()
             ],
@@ -155,22 +163,31 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 def _app_view(rec: dict, app: str) -> dict:
     """The parts of a decision record that concern one application."""
     return {
-        "epoch": rec["epoch"], "timestamp": rec["timestamp"], "mode": rec["mode"],
+        "epoch": rec["epoch"],
+        "timestamp": rec["timestamp"],
+        "mode": rec["mode"],
         "app": next(a for a in rec["apps"] if a["app"] == app),
         "operators": [o for o in rec["operators"] if o["app"] == app],
         "instances": [i for i in rec["instances"] if i["app"] == app],
         "cuts": [c for c in rec.get("cuts", []) if c["app"] == app],
-        "dp": rec.get("dp"), "node_recommendation": rec.get("node_recommendation"),
+        "dp": rec.get("dp"),
+        "node_recommendation": rec.get("node_recommendation"),
     }
 
 
 def plan_reply(rec: dict) -> pb.PlanReply:
     ops = [
         pb.OperatorPlan(
-            app=o["app"], operator=o["operator"], instances=o["instances"],
-            arrival_rate=o["arrival_rate"], predicted_rate=o["predicted_rate"],
-            predictor=o["predictor"], cost_cpu_seconds_per_tuple=o["kappa"],
-            demand_cores=o["demand_cores"], cap_cores=o["cap_cores"], usage_cores=o["usage_cores"],
+            app=o["app"],
+            operator=o["operator"],
+            instances=o["instances"],
+            arrival_rate=o["arrival_rate"],
+            predicted_rate=o["predicted_rate"],
+            predictor=o["predictor"],
+            cost_cpu_seconds_per_tuple=o["kappa"],
+            demand_cores=o["demand_cores"],
+            cap_cores=o["cap_cores"],
+            usage_cores=o["usage_cores"],
             queue_length=int(o["queue"]),
             latency_ms=o["latency_ms"] if o["latency_ms"] is not None else -1.0,
             reason=o["reason"],
@@ -185,15 +202,21 @@ def plan_reply(rec: dict) -> pb.PlanReply:
         for i in rec.get("instances", [])
     ]
     return pb.PlanReply(
-        epoch=rec["epoch"], mode=MODE_TO_PB[rec["mode"]], timestamp=rec["timestamp"],
-        operators=ops, caps=caps, record_json=json.dumps(rec, default=float),
+        epoch=rec["epoch"],
+        mode=MODE_TO_PB[rec["mode"]],
+        timestamp=rec["timestamp"],
+        operators=ops,
+        caps=caps,
+        record_json=json.dumps(rec, default=float),
     )
 
 
 def serve(controller: Controller, address: str, max_workers: int = 64) -> grpc.Server:
     """Start the gRPC server (agent stream, admin, health) on ``address``."""
     # Each agent holds one worker thread for its stream's lifetime.
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc")
+    )
     pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller), server)
     pb_grpc.add_AdminServiceServicer_to_server(AdminServicer(controller), server)
     health_servicer = health.HealthServicer()

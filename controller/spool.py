@@ -58,25 +58,48 @@ def _clean(kind: str, sample: dict[str, Any], fields: list[tuple[str, str]]) -> 
     return out
 
 
-def encode_slot(slot: int, timestamp: float, slot_seconds: float, instances: list[dict],
-                nodes: list[dict], decision: dict | None, written_at: float | None = None) -> bytes:
+def encode_slot(
+    slot: int,
+    timestamp: float,
+    slot_seconds: float,
+    instances: list[dict],
+    nodes: list[dict],
+    decision: dict | None,
+    written_at: float | None = None,
+) -> bytes:
     """The version-1 spool file (JSON Lines) for one slot; ValueError naming the bad parameter."""
     if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
         raise ValueError(f"slot must be a non-negative integer, got {slot!r}")
     if not isinstance(timestamp, int | float) or not math.isfinite(timestamp) or timestamp < 0:
         raise ValueError(f"timestamp must be finite Unix seconds, got {timestamp!r}")
-    if not isinstance(slot_seconds, int | float) or not math.isfinite(slot_seconds) or slot_seconds <= 0:
+    if (
+        not isinstance(slot_seconds, int | float)
+        or not math.isfinite(slot_seconds)
+        or slot_seconds <= 0
+    ):
         raise ValueError(f"slot_seconds must be > 0, got {slot_seconds!r}")
     try:
         decision_text = None if decision is None else json.dumps(decision, sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"decision is not JSON-able: {exc}") from None
-    head = {"v": S.SPOOL_SCHEMA_VERSION, "slot": slot, "timestamp": float(timestamp),
-            "slot_seconds": float(slot_seconds)}
-    lines = [{**head, "kind": "instance", **_clean("instances", s, S.INSTANCE_FIELDS)} for s in instances]
+    head = {
+        "v": S.SPOOL_SCHEMA_VERSION,
+        "slot": slot,
+        "timestamp": float(timestamp),
+        "slot_seconds": float(slot_seconds),
+    }
+    lines = [
+        {**head, "kind": "instance", **_clean("instances", s, S.INSTANCE_FIELDS)} for s in instances
+    ]
     lines += [{**head, "kind": "node", **_clean("nodes", s, S.NODE_FIELDS)} for s in nodes]
-    lines.append({**head, "kind": "slot", "decision": decision_text,
-                  "written_at": time.time() if written_at is None else written_at})
+    lines.append(
+        {
+            **head,
+            "kind": "slot",
+            "decision": decision_text,
+            "written_at": time.time() if written_at is None else written_at,
+        }
+    )
     lines.append({**head, "kind": "tick"})
     return "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
 
@@ -110,8 +133,15 @@ class SpoolWriter:
     def files(self) -> int:
         return self._files
 
-    def write_slot(self, slot: int, timestamp: float, slot_seconds: float, instances: list[dict],
-                   nodes: list[dict], decision: dict | None) -> Path | None:
+    def write_slot(
+        self,
+        slot: int,
+        timestamp: float,
+        slot_seconds: float,
+        instances: list[dict],
+        nodes: list[dict],
+        decision: dict | None,
+    ) -> Path | None:
         """Publish one slot; None (and ``dropped_total`` + 1) when the spool is full."""
         data = encode_slot(slot, timestamp, slot_seconds, instances, nodes, decision)
         if self._bytes + len(data) > self.config.max_spool_bytes:

@@ -87,7 +87,9 @@ class StateStore:
 
     def load_caps(self) -> dict[InstanceKey, tuple[str, float]]:
         with self._lock:
-            rows = self._db.execute("SELECT app, operator, instance, node, cap_cores FROM caps").fetchall()
+            rows = self._db.execute(
+                "SELECT app, operator, instance, node, cap_cores FROM caps"
+            ).fetchall()
         return {InstanceKey(a, o, i): (n, c) for a, o, i, n, c in rows}
 
     # QoS assignments
@@ -127,7 +129,9 @@ class StateStore:
         return list(reversed(rows))
 
     # decisions
-    def record_decision(self, epoch: int, timestamp: float, mode: str, record: dict[str, Any]) -> None:
+    def record_decision(
+        self, epoch: int, timestamp: float, mode: str, record: dict[str, Any]
+    ) -> None:
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO decisions VALUES (?, ?, ?, ?)",

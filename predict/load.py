@@ -114,6 +114,7 @@ class _ArmaState:
     state: np.ndarray  # predicted state for the next observation
     state_cov: np.ndarray
     sigma: float
+    params: np.ndarray  # statsmodels parameter vector, to warm-start the next fit
     last_level: float = 0.0
 
     def push(self, y: float) -> float:
@@ -151,9 +152,13 @@ def _difference_order(y: np.ndarray, alpha: float) -> int:
 
     if np.ptp(y) == 0:
         return 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _, p_value, *_ = kpss(y, regression="c", nlags="auto")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, p_value, *_ = kpss(y, regression="c", nlags="auto")
+    except (ValueError, ZeroDivisionError, np.linalg.LinAlgError):
+        # Too short or degenerate for the test: fit in levels, AIC still picks p, q.
+        return 0
     return 1 if p_value < alpha else 0
 
 
@@ -163,11 +168,13 @@ def fit_arma_state(
     max_p: int = 2,
     max_q: int = 1,
     kpss_alpha: float = 0.05,
+    start_params: np.ndarray | None = None,
 ) -> _ArmaState:
     """Fit ARIMA(p, d, q) with a mean (drift when d = 1) and return its filter state.
 
     With ``order=None``, d comes from a KPSS test and (p, q) from the smallest AIC over
-    ``p <= max_p``, ``q <= max_q``. Raises RuntimeError when no candidate fits.
+    ``p <= max_p``, ``q <= max_q``. ``start_params`` (a previous fit of the same fixed
+    order) warm-starts the optimizer. Raises RuntimeError when no candidate fits.
     """
     from statsmodels.tsa.arima.model import ARIMA
 
@@ -188,7 +195,8 @@ def fit_arma_state(
                 # Concentrating the scale out and skipping the parameter covariance
                 # makes a fit several times faster; neither is needed to forecast.
                 res = ARIMA(w, order=(p, 0, q), trend="c", concentrate_scale=True).fit(
-                    cov_type="none"
+                    start_params=start_params if order is not None else None,
+                    cov_type="none",
                 )
         except Exception as exc:  # statsmodels raises many types on degenerate data
             errors.append(f"({p},{d},{q}): {exc}")
@@ -218,6 +226,7 @@ def fit_arma_state(
         state=np.asarray(filtered.predicted_state[:, -1], dtype=float).copy(),
         state_cov=np.asarray(filtered.predicted_state_cov[:, :, -1], dtype=float).copy(),
         sigma=math.sqrt(max(float(res.scale) * float(state_cov[0, 0]), 0.0)),
+        params=np.asarray(res.params, dtype=float).copy(),
         last_level=float(y[-1]),
     )
     return state
@@ -269,7 +278,8 @@ class Arima:
         self.fallback = fallback or LinearTrend()
         self.floor = floor
         self._state: _ArmaState | None = None
-        self._tail: np.ndarray = np.empty(0)
+        self._seen: np.ndarray = np.empty(0)  # last fit_window points of the series
+        self._seen_size = 0  # length of the last history passed in
         self._since_fit = 0
         self._recent_sq_errors: deque[float] = deque(maxlen=self.error_window)
         self.fits = 0
@@ -281,12 +291,18 @@ class Arima:
         return self._state.order if self._state else None
 
     def _new_points(self, h: np.ndarray) -> np.ndarray | None:
-        """Points of ``h`` after the stored tail, or None when they do not line up."""
-        tail = self._tail
+        """Points of ``h`` after what was seen, or None when they do not line up."""
+        tail = self._seen[-8:]
         k = tail.size
         if k == 0 or h.size < k:
             return None
-        for shift in range(0, h.size - k + 1):
+        # A growing series first: the seen tail ends where the last history ended.
+        # This also resolves runs of equal values, which match at several shifts.
+        expected = h.size - self._seen_size
+        shifts = range(0, h.size - k + 1)
+        if 0 <= expected <= h.size - k:
+            shifts = [expected, *shifts]
+        for shift in shifts:
             end = h.size - shift
             if np.array_equal(h[end - k : end], tail):
                 return h[end:]
@@ -294,10 +310,10 @@ class Arima:
 
     def _refit(self, h: np.ndarray, keep_order: bool = False) -> None:
         y = h[-self.fit_window :]
-        order = self.order
-        if order is None and keep_order and self._state is not None:
-            order = self._state.order
-        self._state = fit_arma_state(y, order, self.max_p, self.max_q)
+        order, start = self.order, None
+        if keep_order and self._state is not None:
+            order, start = self._state.order, self._state.params
+        self._state = fit_arma_state(y, order, self.max_p, self.max_q, start_params=start)
         self._since_fit = 0
         self._recent_sq_errors.clear()
         self.fits += 1
@@ -311,29 +327,49 @@ class Arima:
     def update(self, history) -> bool:
         """Bring the fit up to date with ``history``; return whether it refitted."""
         h = v.series(history, "history")
-        refitted = False
         new = self._new_points(h) if self._state is not None else None
         if new is None:
             self._refit(h)
             refitted = True
         else:
-            for value in new:
-                err = self._state.push(float(value))
-                self._recent_sq_errors.append(err * err)
-            self._since_fit += new.size
-            if self._error_grew():
-                # The series changed character: choose the order afresh.
-                self._refit(h)
-                refitted = True
-            elif self._since_fit >= self.refit_every:
-                # Routine refresh of the parameters; the order stays.
-                self._refit(h, keep_order=True)
-                refitted = True
-        self._tail = h[-min(h.size, 8) :].copy()
+            refitted = self._advance(new, h)
+        self._seen, self._seen_size = h[-self.fit_window :].copy(), h.size
         return refitted
 
+    def observe(self, values) -> bool:
+        """Feed new observations without passing the whole history; return whether it
+        refitted. Needs a fit from an earlier :meth:`forecast` or :meth:`update`."""
+        new = v.series(values, "values")
+        if self._state is None:
+            raise ValueError("values: no fitted model yet; call forecast(history) first")
+        series = np.concatenate([self._seen, new])
+        refitted = self._advance(new, series)
+        self._seen, self._seen_size = series[-self.fit_window :], self._seen_size + new.size
+        return refitted
+
+    def _advance(self, new: np.ndarray, series: np.ndarray) -> bool:
+        for value in new:
+            err = self._state.push(float(value))
+            self._recent_sq_errors.append(err * err)
+        self._since_fit += new.size
+        if self._error_grew():
+            # The series changed character: choose the order afresh.
+            self._refit(series)
+            return True
+        if self._since_fit >= self.refit_every:
+            # Routine refresh of the parameters; the order stays.
+            self._refit(series, keep_order=True)
+            return True
+        return False
+
+    def forecast_ahead(self, horizon: int = 1) -> np.ndarray:
+        """Forecast from the current fit (after :meth:`observe`)."""
+        if self._state is None:
+            raise ValueError("horizon: no fitted model yet; call forecast(history) first")
+        return _floor(self._state.forecast(_check_horizon(horizon)), self.floor)
+
     def reset(self) -> None:
-        self._state, self._tail = None, np.empty(0)
+        self._state, self._seen, self._seen_size = None, np.empty(0), 0
 
     # -- forecasting ---------------------------------------------------------
     def predict(self, history, horizon: int = 1) -> Forecast:

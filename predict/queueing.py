@@ -144,6 +144,14 @@ def _check_target_inputs(
     return t, lam, m, variability
 
 
+#: Relative margin above lambda / M that keeps ``M * mu > lambda`` after rounding.
+STABILITY_MARGIN = 1e-12
+
+
+def _just_above_capacity(lam: float, m: int) -> float:
+    return lam / m * (1.0 + STABILITY_MARGIN)
+
+
 def _ac_wait_unchecked(lam: float, mu: float, m: int, variability: float) -> float:
     rho = lam / (m * mu)
     if rho >= 1.0:
@@ -187,7 +195,7 @@ def min_service_rate(
         return 0.0
     if var == 0.0:
         # Deterministic arrivals and service never wait while stable.
-        return math.nextafter(lam / m, math.inf)
+        return _just_above_capacity(lam, m)
     if m == 1:
         return (lam + math.sqrt(lam * lam + 4.0 * lam * var / t)) / 2.0
     lo = lam / m
@@ -213,7 +221,7 @@ def min_service_rate_for_sojourn(
         return 1.0 / t
     if var == 0.0:
         # No queueing while stable: only the service time counts.
-        return max(1.0 / t, math.nextafter(lam / m, math.inf))
+        return max(1.0 / t, _just_above_capacity(lam, m))
     # Each of the two terms is at most t/2 at hi.
     hi = max((lam + 2.0 * var / t) / m, 2.0 / t)
     return _smallest_feasible(lambda mu: _ac_wait_unchecked(lam, mu, m, var) + 1.0 / mu - t, lo, hi)
@@ -288,7 +296,7 @@ def min_service_rate_many(target_wait, arrival_rate, servers, ca2, cs2) -> np.nd
     lam, m, t = a["arrival_rate"], a["servers"], a["target_wait"]
     var = (a["ca2"] + a["cs2"]) / 2
     lo = lam / m
-    hi = np.maximum((lam + var / t) / m, np.nextafter(lo, np.inf))
+    hi = np.maximum((lam + var / t) / m, lo * (1 + STABILITY_MARGIN))
     mu = _bisect_many(lambda x: _ac_wait_array(lam, x, m, var) - t, lo, hi)
     return np.where(lam == 0, 0.0, mu)
 

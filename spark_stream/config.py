@@ -42,8 +42,7 @@ class HistoryConfig:
     retention_seconds: float = 3600.0
     # Beyond this the controller stops spooling and counts the dropped slots.
     max_spool_bytes: int = 256 * 1024 * 1024
-    # History table partitions older than this are deleted by `dsched-history fit --prune`
-    # and by the daemon once a day.
+    # History table date partitions older than this are deleted by the running job (hourly).
     table_retention_days: int = 30
     # The controller's slot length; windows and the watermark are whole slots.
     slot_seconds: float = 10.0

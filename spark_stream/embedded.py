@@ -86,7 +86,11 @@ class EmbeddedHistory:
                 return
             self._query = job.start_query(self._spark, self.config, self._sink)
             self._state = "running"
+            next_prune = 0.0
             while not self._stop.is_set():
+                if time.monotonic() >= next_prune:
+                    job.prune_table(self.config)
+                    next_prune = time.monotonic() + 3600.0
                 if not self._query.isActive:
                     exc = self._query.exception()
                     raise RuntimeError(f"history query stopped: {exc}")

@@ -63,6 +63,8 @@ def spark_session(config: HistoryConfig, app_name: str = "dsched-history"):
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+        # The sink hands each micro-batch's windows to pandas; Arrow makes that columnar.
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
     for key, value in config.spark_conf.items():
         builder = builder.config(key, value)
@@ -276,7 +278,8 @@ class HistorySink:
             committed = top if committed is None else max(committed, top)
         latest_end = progress.get("latest_window_end")
         if not groups.empty:
-            top_end = groups.loc[groups["kind"] != "tick", "window_end"].max()
+            data = groups["kind"].isin(["instance", "node", "slot"])
+            top_end = groups.loc[data, "window_end"].max()
             if pd.notna(top_end):
                 top_end = top_end.timestamp()
                 latest_end = top_end if latest_end is None else max(latest_end, top_end)
@@ -288,6 +291,23 @@ class HistorySink:
             schema_version=S.SPOOL_SCHEMA_VERSION,
         )
         _write_json_atomic(self.config.progress_path, progress)
+
+
+def prune_table(config: HistoryConfig, now: float | None = None) -> list[Path]:
+    """Delete date partitions older than ``table_retention_days``; return what was removed."""
+    now = time.time() if now is None else now
+    cutoff = time.strftime("%Y-%m-%d", time.gmtime(now - config.table_retention_days * 86400))
+    removed = []
+    for table in (config.operators_dir, config.nodes_dir, config.decisions_dir,
+                  config.quarantine_table_dir):
+        if not table.is_dir():
+            continue
+        for part in table.iterdir():
+            # ISO dates compare correctly as strings.
+            if part.is_dir() and part.name.startswith("date=") and part.name[5:] < cutoff:
+                shutil.rmtree(part)
+                removed.append(part)
+    return removed
 
 
 def ensure_dirs(config: HistoryConfig) -> None:

@@ -9,18 +9,18 @@ from controller.daemon import main as controller_main
 from dsched.config import ConfigError, load_config
 
 BAD = [
-    ('[qos.classes.gold]\ntarget_latency_ms = -5\n', "qos.classes.gold.target_latency_ms"),
-    ('[qos.classes.gold]\nweight = 0\n', "qos.classes.gold.weight"),
-    ('[qos.classes.gold]\nmax_violation_ratio = 1.0\n', "qos.classes.gold.max_violation_ratio"),
-    ('[qos.classes.gold]\nmax_violation_ratio = 0\n', "qos.classes.gold.max_violation_ratio"),
-    ('[qos.classes.gold]\ntarget_ms = 5\n', "qos.classes.gold.target_ms"),
+    ("[qos.classes.gold]\ntarget_latency_ms = -5\n", "qos.classes.gold.target_latency_ms"),
+    ("[qos.classes.gold]\nweight = 0\n", "qos.classes.gold.weight"),
+    ("[qos.classes.gold]\nmax_violation_ratio = 1.0\n", "qos.classes.gold.max_violation_ratio"),
+    ("[qos.classes.gold]\nmax_violation_ratio = 0\n", "qos.classes.gold.max_violation_ratio"),
+    ("[qos.classes.gold]\ntarget_ms = 5\n", "qos.classes.gold.target_ms"),
     ('[qos]\ncolour = "red"\n', "qos.colour"),
     ('[qos]\ndefault_class = "platinum"\n', "qos.default_class"),
     ('allocator = "fifo"\n', "allocator"),
     ('placement = "random"\n', "placement"),
     ('dp_value = "money"\n', "dp_value"),
-    ('node_cost = -1\n', "node_cost"),
-    ('[node_capacity_cores]\nn1 = 0\n', "node_capacity_cores.n1"),
+    ("node_cost = -1\n", "node_cost"),
+    ("[node_capacity_cores]\nn1 = 0\n", "node_capacity_cores.n1"),
     ('allocater = "qos-dp"\n', "allocater"),
 ]
 
@@ -55,9 +55,9 @@ def test_classes_and_capacity_from_toml(tmp_path):
     path.write_text(
         'allocator = "demand"\nplacement = "none"\n'
         '[qos]\ndefault_class = "batch"\n'
-        '[qos.classes.rt]\ntarget_latency_ms = 20\nmax_violation_ratio = 0.05\nweight = 10\n'
-        '[qos.classes.batch]\ntarget_latency_ms = 5000\nmax_violation_ratio = 0.5\nweight = 1\n'
-        '[node_capacity_cores]\nlocal = 1.0\n'
+        "[qos.classes.rt]\ntarget_latency_ms = 20\nmax_violation_ratio = 0.05\nweight = 10\n"
+        "[qos.classes.batch]\ntarget_latency_ms = 5000\nmax_violation_ratio = 0.5\nweight = 1\n"
+        "[node_capacity_cores]\nlocal = 1.0\n"
     )
     cfg = load_config(ControllerConfig, path)
     assert set(cfg.qos.classes) == {"rt", "batch"}

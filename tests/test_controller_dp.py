@@ -47,7 +47,9 @@ def test_equals_brute_force_with_exact_ties_on_integer_values(values, capacity):
 @settings(max_examples=500, deadline=None)
 @given(
     values=st.lists(
-        st.lists(st.floats(-10, 100, allow_nan=False), min_size=1, max_size=5), min_size=1, max_size=4
+        st.lists(st.floats(-10, 100, allow_nan=False), min_size=1, max_size=5),
+        min_size=1,
+        max_size=4,
     ),
     capacity=st.integers(0, 12),
 )

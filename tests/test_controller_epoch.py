@@ -21,7 +21,11 @@ from dsched_pb import dsched_pb2_grpc as pb_grpc
 from predict.queueing import allen_cunneen_wait
 
 # WordCount-like: CPU-seconds per tuple and tuples emitted per tuple executed.
-OPS = (("source", (), 0.0002, 1), ("split", ("source",), 0.001, 5), ("count", ("split",), 0.0003, 0))
+OPS = (
+    ("source", (), 0.0002, 1),
+    ("split", ("source",), 0.001, 5),
+    ("count", ("split",), 0.0003, 0),
+)
 
 
 class SyntheticNode:
@@ -43,26 +47,47 @@ class SyntheticNode:
                 if not fanout:  # the sink completes root tuples
                     t["lat"] += latency_s * rate
                     t["done"] += int(rate)
-                samples.append(pb.InstanceSample(
-                    key=pb.InstanceKey(app=app, operator=op, instance=0), upstream=list(up),
-                    received_total=t["n"], executed_total=t["n"], emitted_total=t["n"] * fanout,
-                    cpu_seconds_total=t["cpu"], latency_sum_seconds_total=t["lat"],
-                    latency_count_total=t["done"], service_seconds_total=t["cpu"],
-                ))
+                samples.append(
+                    pb.InstanceSample(
+                        key=pb.InstanceKey(app=app, operator=op, instance=0),
+                        upstream=list(up),
+                        received_total=t["n"],
+                        executed_total=t["n"],
+                        emitted_total=t["n"] * fanout,
+                        cpu_seconds_total=t["cpu"],
+                        latency_sum_seconds_total=t["lat"],
+                        latency_count_total=t["done"],
+                        service_seconds_total=t["cpu"],
+                    )
+                )
                 arriving *= fanout or 1
         self.slot += 1
-        self.controller.on_report(pb.NodeReport(
-            node_id=self.node, slot=self.slot, timestamp=now, slot_seconds=1.0, instances=samples,
-        ))
+        self.controller.on_report(
+            pb.NodeReport(
+                node_id=self.node,
+                slot=self.slot,
+                timestamp=now,
+                slot_seconds=1.0,
+                instances=samples,
+            )
+        )
 
 
 def config(tmp_path, **kw) -> ControllerConfig:
     base = dict(
-        state_dir=tmp_path / "state", slot_seconds=1.0, node_capacity_cores={"n1": 1.0},
-        theta_cores=0.05, headroom_cores=0.1, arima=False,
-        qos=QosConfig(default_class="bronze", classes={
-            "gold": QosClassConfig(100.0, 0.01, 8.0), "bronze": QosClassConfig(2000.0, 0.5, 1.0),
-        }),
+        state_dir=tmp_path / "state",
+        slot_seconds=1.0,
+        node_capacity_cores={"n1": 1.0},
+        theta_cores=0.05,
+        headroom_cores=0.1,
+        arima=False,
+        qos=QosConfig(
+            default_class="bronze",
+            classes={
+                "gold": QosClassConfig(100.0, 0.01, 8.0),
+                "bronze": QosClassConfig(2000.0, 0.5, 1.0),
+            },
+        ),
     )
     base.update(kw)
     cfg = ControllerConfig(**base)
@@ -97,15 +122,40 @@ def test_gold_keeps_its_demand_and_bronze_absorbs_the_shortfall(tmp_path, clock)
     assert gold["cap_cores"] >= gold["demand_cores"] - 1e-9
     caps = sum(i["cap_cores"] for i in rec["instances"])
     assert caps <= 1.0 - 0.1 + 1e-9  # node capacity override minus headroom
-    assert rec["dp"]["solved"] and rec["cuts"] and all(c_["app"] == "bronze-wc" for c_ in rec["cuts"])
+    assert (
+        rec["dp"]["solved"] and rec["cuts"] and all(c_["app"] == "bronze-wc" for c_ in rec["cuts"])
+    )
     assert math.isfinite(gold["latency_estimate_ms"]) and gold["latency_estimate_ms"] < 100
     # The contract keys others read.
-    for key in ("app", "operator", "instances", "arrival_rate", "predicted_rate", "predictor",
-                "cap_cores", "usage_cores", "demand_cores", "queue", "latency_ms", "reason"):
+    for key in (
+        "app",
+        "operator",
+        "instances",
+        "arrival_rate",
+        "predicted_rate",
+        "predictor",
+        "cap_cores",
+        "usage_cores",
+        "demand_cores",
+        "queue",
+        "latency_ms",
+        "reason",
+    ):
         assert key in rec["operators"][0]
-    for key in ("app", "operator", "instance", "node", "demand_cores", "demand_reason",
-                "allocated_cores", "cap_cores", "usage_cores", "cap_in_force",
-                "throttled_seconds", "queue"):
+    for key in (
+        "app",
+        "operator",
+        "instance",
+        "node",
+        "demand_cores",
+        "demand_reason",
+        "allocated_cores",
+        "cap_cores",
+        "usage_cores",
+        "cap_in_force",
+        "throttled_seconds",
+        "queue",
+    ):
         assert key in rec["instances"][0]
     c.stop()
 
@@ -138,7 +188,9 @@ def test_restart_keeps_caps_in_its_first_epoch(tmp_path, clock):
     node = SyntheticNode(c)
     rates = {"gold-wc": 200.0, "bronze-wc": 200.0}
     before = run(c, node, clock, 6, rates)
-    caps_before = {(i["app"], i["operator"], i["instance"]): i["cap_cores"] for i in before["instances"]}
+    caps_before = {
+        (i["app"], i["operator"], i["instance"]): i["cap_cores"] for i in before["instances"]
+    }
     c.store.close()  # the process dies; nothing else is saved
     c2 = Controller(cfg, store=StateStore(cfg.state_dir), clock=lambda: clock[0])
     assert c2.qos.class_name_of("gold-wc") == "gold"
@@ -151,7 +203,9 @@ def test_restart_keeps_caps_in_its_first_epoch(tmp_path, clock):
         node2.report(clock[0], rates)
         rec = c2.run_epoch()
         if rec["instances"]:
-            caps = {(i["app"], i["operator"], i["instance"]): i["cap_cores"] for i in rec["instances"]}
+            caps = {
+                (i["app"], i["operator"], i["instance"]): i["cap_cores"] for i in rec["instances"]
+            }
             changed = {k for k in caps if caps[k] != pytest.approx(caps_before[k])}
             break
     assert rec["instances"], "no epoch with data after the restart"
@@ -175,8 +229,10 @@ def test_dry_run_sends_nothing_enforce_sends_caps(tmp_path, clock):
 
 
 def test_latency_budgets_split_the_target_along_the_critical_path(tmp_path, clock):
-    weights = critical_path_weights({"a": (), "b": ("a",), "c": ("a",), "d": ("b", "c")},
-                                    {"a": 1.0, "b": 5.0, "c": 1.0, "d": 2.0})
+    weights = critical_path_weights(
+        {"a": (), "b": ("a",), "c": ("a",), "d": ("b", "c")},
+        {"a": 1.0, "b": 5.0, "c": 1.0, "d": 2.0},
+    )
     assert weights == {"a": 8.0, "b": 8.0, "c": 4.0, "d": 8.0}
     c = Controller(config(tmp_path), clock=lambda: clock[0])
     node = SyntheticNode(c)
@@ -254,9 +310,38 @@ def test_metrics_carry_the_qos_view(tmp_path, clock):
     from prometheus_client import generate_latest
 
     text = generate_latest(c.metrics.registry).decode()
-    for name in ("dsched_app_demand_cores{app=\"gold-wc\",class=\"gold\"}",
-                 "dsched_app_allocated_cores{app=\"bronze-wc\",class=\"bronze\"}",
-                 "dsched_app_latency_estimate_seconds{app=\"gold-wc\"}",
-                 "dsched_cluster_node_recommendation", "dsched_controller_dp_duration_seconds_count"):
+    for name in (
+        'dsched_app_demand_cores{app="gold-wc",class="gold"}',
+        'dsched_app_allocated_cores{app="bronze-wc",class="bronze"}',
+        'dsched_app_latency_estimate_seconds{app="gold-wc"}',
+        "dsched_cluster_node_recommendation",
+        "dsched_controller_dp_duration_seconds_count",
+    ):
         assert name in text, name
+    c.stop()
+
+
+def test_sources_keep_one_cached_arima_and_first_fits_are_budgeted(tmp_path, clock):
+    from collections import deque
+
+    from controller.pipeline import SourceHistory
+
+    c = Controller(config(tmp_path, arima=True), clock=lambda: clock[0])
+    c.sources = SourceHistory(300, fits_per_epoch=1, order=(1, 0, 0))
+    node = SyntheticNode(c)
+    rates = {"a": 100.0, "b": 100.0}
+    run(c, node, clock, 2, rates)  # the operators exist from the second report on
+    for app in rates:
+        c.sources.series[OperatorKey(app, "source")] = deque(
+            [100.0 + (i % 3) for i in range(30)], maxlen=300
+        )
+    rec = run(c, node, clock, 2, rates)
+    fitted = {k.app for k, m in c.sources.models.items() if m.fitted_order is not None}
+    assert fitted == {"a", "b"}  # one first fit per epoch, both done by now
+    sources = {o["app"]: o for o in rec["operators"] if o["operator"] == "source"}
+    assert all("arima" in o["candidates"] for o in sources.values())
+    model = c.sources.models[OperatorKey("a", "source")]
+    fits = model.fits
+    run(c, node, clock, 2, rates)
+    assert model is c.sources.models[OperatorKey("a", "source")] and model.fits == fits
     c.stop()

@@ -152,3 +152,34 @@ def test_reader_on_an_empty_history_and_bad_arguments(tmp_path):
         reader.operator_history("", "split", 5)
     with pytest.raises(ValueError, match="node"):
         reader.node_history(None, 5)
+
+
+def test_systemd_unit_verifies_with_the_installed_command(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    unit = Path(__file__).resolve().parent.parent / "systemd" / "dsched-history.service"
+    command = Path(sys.executable).parent / "dsched-history"
+    text = unit.read_text()
+    assert "ExecStart=/usr/local/bin/dsched-history run" in text
+    local = tmp_path / unit.name
+    local.write_text(text.replace("/usr/local/bin/dsched-history", str(command)))
+    proc = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_table_retention_removes_only_partitions_older_than_the_limit(tmp_path):
+    from spark_stream.job import prune_table
+
+    config = HistoryConfig.under(tmp_path, table_retention_days=2)
+    for day in ("2026-01-01", "2026-01-09", "2026-01-10"):
+        part = config.operators_dir / f"date={day}"
+        part.mkdir(parents=True)
+        (part / "batch-000000000001.parquet").write_bytes(b"x")
+    now = 1768046400.0  # 2026-01-10 12:00 UTC
+    removed = prune_table(config, now=now)
+    assert [p.name for p in removed] == ["date=2026-01-01"]
+    assert sorted(p.name for p in config.operators_dir.iterdir()) == ["date=2026-01-09", "date=2026-01-10"]

@@ -1,8 +1,8 @@
 """Live placement on two "nodes": real agents, real controller, real cgroup quotas, real moves.
 
-Each node is a `dsched-agent` subprocess with its own cgroup root; the test
-gives each root a CFS quota (the node's capacity, written to the kernel's
-``cpu.cfs_quota_us``), so the instances of a node share a real CPU budget.
+Each node is a `dsched-agent` subprocess with its own cgroup root and a
+configured ``capacity_cores``, which the agent writes as the root's CFS quota,
+so the instances of a node share a real CPU budget.
 WordCount runs in worker processes registered with the agents. The rate rises
 until the controller's own decision record shows node n1 over capacity minus
 headroom; then ``plan_placement`` with ``liu`` plans and the move goes through
@@ -21,6 +21,7 @@ import pytest
 from controller.migration import TestbedMoveActuator
 from controller.placement import get_strategy
 from controller.placement_stage import placement_summary, plan_placement
+from dsched_pb import dsched_pb2 as pb
 from testbed.live.actuator import MoveEndpoint
 from testbed.live.cluster import LocalCluster, NodeSpec, remove_cgroup_tree
 from testbed.live.distributed import DistributedTopology
@@ -47,13 +48,8 @@ def _wait_for(pred, timeout: float, what: str):
 
 @pytest.fixture
 def node_roots(cgroup_v1_cpu: Path):
-    """One cgroup root per node, each with a quota of NODE_CORES; removed afterwards."""
+    """One cgroup root per node (the agents create them); removed afterwards."""
     roots = {n: cgroup_v1_cpu / f"dsched-lp-{n}-{os.getpid()}" for n in ("n1", "n2")}
-    for root in roots.values():
-        root.mkdir(exist_ok=True)
-        (root / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
-        (root / "cpu.cfs_quota_us").write_text(f"{int(NODE_CORES * PERIOD_US)}\n")
-        assert int((root / "cpu.cfs_quota_us").read_text()) == int(NODE_CORES * PERIOD_US)
     yield roots
     for root in roots.values():
         remove_cgroup_tree(root)
@@ -70,7 +66,10 @@ def test_overloaded_node_sheds_only_stateless_instances_without_losing_tuples(tm
         mode="enforce",
         slot_seconds=1.0,
         controller_config={"headroom_cores": HEADROOM},
-        nodes=[NodeSpec(n, cgroup_root=root.name) for n, root in node_roots.items()],
+        nodes=[
+            NodeSpec(n, cgroup_root=root.name, extra_config={"capacity_cores": NODE_CORES})
+            for n, root in node_roots.items()
+        ],
     )
     rate = {"roots_per_second": 30.0}
     with cluster:
@@ -88,7 +87,15 @@ def test_overloaded_node_sheds_only_stateless_instances_without_losing_tuples(tm
                 30,
                 "all six instances in the controller's record",
             )
-            capacity = {n: NODE_CORES for n in node_roots}
+            # Node capacity is real: each agent caps its cgroup root at NODE_CORES.
+            for root in node_roots.values():
+                quota = int((root / "cpu.cfs_quota_us").read_text())
+                assert quota == int(NODE_CORES * PERIOD_US)
+            capacity = {
+                a.node_id: a.cpu_capacity_cores
+                for a in cluster.admin().Status(pb.StatusRequest(), timeout=5).agents
+            }
+            assert capacity == {"n1": NODE_CORES, "n2": NODE_CORES}
             plan = None
             # Raise the rate until the controller's predicted demand overloads n1.
             for step in (60.0, 90.0, 120.0, 150.0):
@@ -96,16 +103,12 @@ def test_overloaded_node_sheds_only_stateless_instances_without_losing_tuples(tm
                 deadline = time.monotonic() + 8
                 while plan is None and time.monotonic() < deadline:
                     time.sleep(1.0)
-                    current = {
-                        iid: (worker, "/count/" in iid)
-                        for iid, (worker, _node) in topo.placement().items()
-                    }
                     # Without scale in: at low rates n2 could be emptied, which is
                     # a different decision than the one under test.
                     plan = plan_placement(
                         {"instances": _our_instances(cluster.plan())},
                         capacity,
-                        current,
+                        topo.current(),
                         get_strategy("liu", scale_in=False),
                         headroom_cores=HEADROOM,
                         dags=DAG,

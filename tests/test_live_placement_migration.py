@@ -8,6 +8,8 @@ must add up to five times the roots.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -100,6 +102,12 @@ def test_move_stateless_and_stateful_instances_loses_and_duplicates_nothing(topo
     assert placement["wc/count/0"] == ("wc-stateful-n2", "n2")
     _running_once(topology)
     time.sleep(1.0)  # tuples keep flowing through the new placement
+    traffic = topology.traffic_rates()
+    assert traffic[("wc/source/0", "wc/split/0")] > 0
+    assert {a.split("/")[1] + ">" + b.split("/")[1] for a, b in traffic} == {
+        "source>split",
+        "split>count",
+    }
     _stop_and_check(topology)
 
 
@@ -129,6 +137,33 @@ def test_target_worker_killed_half_way_rolls_back(topology):
     _stop_and_check(topology)
 
 
+def test_unresponsive_target_worker_is_killed_and_the_move_rolled_back():
+    topo = DistributedTopology(
+        wordcount(app="wc", parallelism=1, split_ms=0.5),
+        lambda t: RATE,
+        nodes={"n1": None, "n2": None},
+        reply_timeout=2.0,
+    )
+    topo.start()
+    frozen = []
+
+    def freeze_target(phase: str, instance: str, worker) -> None:
+        os.kill(worker.pid, signal.SIGSTOP)  # alive but silent
+        frozen.append(worker)
+
+    try:
+        time.sleep(0.5)
+        result = topo.migrate(_plan(_move("wc/split/0", "n1", "n2")), observer=freeze_target)
+        assert result.moved == []
+        assert list(result.rolled_back) == ["wc/split/0"]
+        assert frozen[0].process.poll() is not None, "the silent target was not killed"
+        assert topo.placement()["wc/split/0"] == ("wc-stateless-n1", "n1")
+        _running_once(topo)
+        time.sleep(0.5)
+    finally:
+        _stop_and_check(topo)
+
+
 def test_plan_for_vanished_node_restarts_its_instances_from_their_snapshot(topology):
     time.sleep(1.0)  # several checkpoints of count/1 have been taken
     topology.fail_node("n2")
@@ -137,6 +172,22 @@ def test_plan_for_vanished_node_restarts_its_instances_from_their_snapshot(topol
     result = topology.migrate(_plan(_move("wc/count/1", "n2", "n1")))
     assert result.restarted == ["wc/count/1"]
     assert topology.placement()["wc/count/1"] == ("wc-stateful-n1", "n1")
+    assert topology.homeless() == []
+    _running_once(topology)
+    time.sleep(0.5)
+    _stop_and_check(topology)
+
+
+def test_worker_crash_outside_a_move_is_recovered_from_the_backup(topology):
+    time.sleep(1.0)
+    crashed = topology.workers["wc-stateful-n2"]
+    crashed.kill()
+    crashed.process.wait(timeout=10)
+    crashed.receiver.join(timeout=10)
+    assert topology.homeless() == ["wc/count/1"]
+    time.sleep(0.3)  # its tuples are held meanwhile
+    assert topology.recover() == ["wc/count/1"]
+    assert topology.workers["wc-stateful-n2"] is not crashed
     assert topology.homeless() == []
     _running_once(topology)
     time.sleep(0.5)

@@ -18,6 +18,7 @@ from controller.migration import (
 from controller.placement_stage import (
     build_cluster_state,
     current_from_histories,
+    dags_from_topologies,
     placement_summary,
     plan_placement,
 )
@@ -132,6 +133,13 @@ def test_current_comes_from_the_controller_histories():
 
     histories = {InstanceKey(APP, "count", 1): History("wc-stateful-n2", True)}
     assert current_from_histories(histories) == {f"{APP}/count/1": ("wc-stateful-n2", True)}
+
+
+def test_dags_come_from_the_learnt_topologies():
+    from controller.model import AppTopology
+
+    topo = AppTopology(APP, parents={"source": (), "split": ("source",), "count": ("split",)})
+    assert dags_from_topologies({APP: topo}) == {APP: [("source", "split"), ("split", "count")]}
 
 
 @pytest.mark.parametrize(

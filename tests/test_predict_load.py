@@ -138,6 +138,29 @@ def test_arima_follows_a_sliding_window():
     assert model.fits == 1
 
 
+def test_arima_advances_through_runs_of_equal_values():
+    y = np.concatenate([_ar1(120, seed=6), np.zeros(12)])
+    model = Arima(error_growth=1e9, refit_every=1000)
+    model.predict(y[:110])
+    reference = Arima(error_growth=1e9, refit_every=1000)
+    reference.predict(y[:110])
+    for t in range(111, y.size + 1):
+        model.predict(y[:t])
+    # The same points fed explicitly: identical state, so identical forecasts.
+    reference.observe(y[110:])
+    np.testing.assert_allclose(model.forecast(y, 3), reference.forecast_ahead(3))
+    assert model.fits == reference.fits == 1
+
+
+def test_arima_observe_needs_a_fit_and_finite_values():
+    model = Arima()
+    with pytest.raises(ValueError, match="no fitted model"):
+        model.observe([1.0])
+    model.predict(_ar1(60))
+    with pytest.raises(ValueError, match="values"):
+        model.observe([math.nan])
+
+
 def test_arima_refits_when_history_does_not_line_up():
     model = Arima(error_growth=100.0)
     model.predict(_ar1(100, seed=1))

@@ -155,6 +155,9 @@ def test_min_service_rate_edge_cases():
     # Deterministic arrivals and service: anything just above lambda/M.
     mu = min_service_rate(0.1, 8.0, 4, 0.0, 0.0)
     assert mu > 2.0 and mu == pytest.approx(2.0)
+    # Rounding must not leave M * mu == lambda (an unstable queue).
+    mu = min_service_rate_for_sojourn(1.0, 8.5, 5, 0.0, 0.0)
+    assert allen_cunneen_wait(8.5, mu, 5, 0.0, 0.0) == 0.0 and mu == pytest.approx(1.7)
     with pytest.raises(ValueError, match="target_wait"):
         min_service_rate(0.0, 1.0, 1, 1, 1)
     with pytest.raises(ValueError, match="arrival_rate"):

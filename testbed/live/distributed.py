@@ -226,6 +226,14 @@ class DistributedTopology:
                 for ref, s in self.slots.items()
             }
 
+    def current(self) -> dict[str, tuple[str, bool]]:
+        """Instance id -> (worker id, stateful): the ``current`` of ``plan_placement``."""
+        with self._lock:
+            return {
+                self.instance_id(*ref): (worker_id(self.spec.app, s.node, s.stateful), s.stateful)
+                for ref, s in self.slots.items()
+            }
+
     def homeless(self) -> list[str]:
         """Instances whose worker died and that no plan has placed again yet."""
         with self._lock:
@@ -462,10 +470,27 @@ class DistributedTopology:
                 ) from None
             if sender is not handle:
                 continue  # a reply from an earlier incarnation
-            if kind == want:
-                return True
             if kind == "dead":
                 return False
+            if kind == want:
+                return True
+
+    def _confirm(self, slot: InstanceSlot, handle: WorkerHandle, want: str) -> bool:
+        """Like ``_await``, but a worker that does not answer is killed (then: False).
+
+        Killing it is what keeps an instance from ever running twice: it is
+        started elsewhere only once this incarnation is certainly gone.
+        """
+        try:
+            return self._await(slot, handle, want)
+        except TimeoutError as exc:
+            log.warning("%s; killing worker %s", exc, handle.id)
+            handle.kill()
+            # Once its receiver has seen the end, the slot is either stopped
+            # (final state taken) or orphaned (restart from the backup): both fine.
+            handle.process.wait(timeout=10)
+            handle.receiver.join(timeout=10)
+            return False
 
     def _resume(self, slot: InstanceSlot, handle: WorkerHandle) -> None:
         with self._lock:
@@ -489,7 +514,7 @@ class DistributedTopology:
         for slot in self.slots.values():
             self._launch(slot, self._worker(slot.node, slot.stateful))
         for slot in self.slots.values():
-            if not self._await(slot, slot.worker, "started"):
+            if not self._confirm(slot, slot.worker, "started"):
                 raise RuntimeError(f"worker of {self.instance_id(slot.op, slot.index)} died")
         self._t0 = time.monotonic()
         self.started_at = time.time()
@@ -600,6 +625,20 @@ class DistributedTopology:
                 continue
             _, op, index = move.instance.split("/")
             moving.append((self.slots[(op, int(index))], move.to_node))
+        # Start missing target workers before pausing anything: a process start
+        # must not lengthen the pause, and a target that cannot start is refused.
+        targets: dict[str, WorkerHandle] = {}
+        for slot, to_node in list(moving):
+            iid = self.instance_id(slot.op, slot.index)
+            existing = self.workers.get(worker_id(self.spec.app, to_node, slot.stateful))
+            try:
+                targets[iid] = self._worker(to_node, slot.stateful)
+            except RuntimeError as exc:
+                result.refused[iid] = f"target worker could not start: {exc}"
+                moving.remove((slot, to_node))
+                continue
+            if targets[iid] is not existing and targets[iid].id not in result.started_workers:
+                result.started_workers.append(targets[iid].id)
         if not moving:
             return result
         t0 = time.monotonic()
@@ -615,33 +654,23 @@ class DistributedTopology:
                 handle.out.put(("stop", slot.op, slot.index), urgent=True)
         for slot, _ in moving:
             handle = sources[self.instance_id(slot.op, slot.index)]
-            if handle is not None and not self._await(slot, handle, "stopped"):
+            if handle is not None and not self._confirm(slot, handle, "stopped"):
                 sources[self.instance_id(slot.op, slot.index)] = None  # died while draining
-        for slot, to_node in moving:
+        for slot, _ in moving:
             iid = self.instance_id(slot.op, slot.index)
-            source = sources[iid]
-            existing = self.workers.get(worker_id(self.spec.app, to_node, slot.stateful))
-            try:
-                target = self._worker(to_node, slot.stateful)
-            except RuntimeError as exc:
-                target, why = None, str(exc)
-            else:
-                why = f"target worker {target.id} died during the move"
-                if target is not existing:
-                    result.started_workers.append(target.id)
-                if observer is not None:
-                    observer("target-ready", iid, target)
-                if target.alive:
-                    self._launch(slot, target)
-                    if self._await(slot, target, "started"):
-                        self._resume(slot, target)
-                        (result.moved if source is not None else result.restarted).append(iid)
-                        continue
-            self._roll_back(slot, source, why, result)
-        # A dead target may have hosted instances that were not moving.
-        result.restarted += self.recover()
-        result.stopped_workers = self._stop_idle_workers()
+            source, target = sources[iid], targets[iid]
+            if observer is not None:
+                observer("target-ready", iid, target)
+            self._launch(slot, target)
+            if self._confirm(slot, target, "started"):
+                self._resume(slot, target)
+                (result.moved if source is not None else result.restarted).append(iid)
+                continue
+            self._roll_back(slot, f"target worker {target.id} died during the move", result)
         result.pause_seconds = time.monotonic() - t0
+        # A dead target may have hosted instances that were not moving.
+        result.restarted += self._recover()
+        result.stopped_workers = self._stop_idle_workers()
         after = self._worker_sets()
         result.affected_workers = sorted(
             w for w in set(before) | set(after) if before.get(w) != after.get(w) and w in before
@@ -654,6 +683,10 @@ class DistributedTopology:
         They resume from their last snapshot with the tuples of the upstream
         backup; instances of a vanished node wait for a plan instead.
         """
+        with self._migrating:
+            return self._recover()
+
+    def _recover(self) -> list[str]:
         restarted = []
         with self._lock:
             orphans = [
@@ -672,7 +705,7 @@ class DistributedTopology:
                     slot.paused = False
                 continue
             self._launch(slot, handle)
-            if self._await(slot, handle, "started"):
+            if self._confirm(slot, handle, "started"):
                 self._resume(slot, handle)
                 restarted.append(self.instance_id(slot.op, slot.index))
             else:
@@ -693,9 +726,7 @@ class DistributedTopology:
             return f"already on {move.to_node!r}"
         return None
 
-    def _roll_back(
-        self, slot: InstanceSlot, source: WorkerHandle | None, why: str, result: MigrationResult
-    ) -> None:
+    def _roll_back(self, slot: InstanceSlot, why: str, result: MigrationResult) -> None:
         """Start the instance again where it was (a fresh worker if its own died)."""
         iid = self.instance_id(slot.op, slot.index)
         candidates = [slot.node] if slot.node in self.nodes else []
@@ -706,7 +737,7 @@ class DistributedTopology:
             except RuntimeError:
                 continue
             self._launch(slot, handle)
-            if self._await(slot, handle, "started"):
+            if self._confirm(slot, handle, "started"):
                 self._resume(slot, handle)
                 result.rolled_back[iid] = f"{why}; running on {node!r} again"
                 return

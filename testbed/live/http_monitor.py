@@ -75,8 +75,13 @@ def parse_line(line: str) -> dict[str, Any]:
     if len(octets) != 4:
         raise ValueError(f"not an IPv4 address: {ip!r}")
     return {
-        "ip": ip, "prefix": ".".join(octets[:2]) + ".0.0/16", "country": country, "isp": isp,
-        "method": method, "path": path, "status": int(status),
+        "ip": ip,
+        "prefix": ".".join(octets[:2]) + ".0.0/16",
+        "country": country,
+        "isp": isp,
+        "method": method,
+        "path": path,
+        "status": int(status),
     }
 
 
@@ -84,39 +89,54 @@ def _retrieve(t: Tuple, state: dict) -> list[tuple[str, Any]]:
     return [(t.key, parse_line(t.value))]
 
 
-def windowed_counter(field: str, clock: Callable[[], float] = time.monotonic):
-    """A stateful counter of ``field``: current window, normal value, alarm once per window."""
+def windowed_counter(
+    field: str, report_min_count: int = 0, clock: Callable[[], float] = time.monotonic
+):
+    """A stateful counter of ``field``: the current window's count per key and a
+    normal value, the mean of the last :data:`NORMAL_WINDOWS` closed windows.
+
+    When a key's window closes, its count and the normal value before it go to
+    ``alarm`` if the count reached ``report_min_count`` (prefixes are many and
+    mostly rare, so only busy ones are reported).
+    """
 
     def count(t: Tuple, state: dict) -> list[tuple[str, Any]]:
         key = t.value[field]
         window = int(clock() // WINDOW_SECONDS)
         entry = state.get(key)
         if entry is None:
-            entry = state[key] = {"window": window, "count": 0, "history": deque(maxlen=NORMAL_WINDOWS), "alarmed": -1}
+            entry = state[key] = {
+                "window": window,
+                "count": 0,
+                "history": deque(maxlen=NORMAL_WINDOWS),
+            }
+        out: list[tuple[str, Any]] = []
         if entry["window"] != window:
+            history = entry["history"]
+            normal = sum(history) / len(history) if history else None
+            if entry["count"] >= report_min_count:
+                out.append((key, (f"{field}:{key}", entry["window"], entry["count"], normal)))
             # Closed windows (including empty ones in between) feed the normal value.
-            for _ in range(min(window - entry["window"], NORMAL_WINDOWS)):
-                entry["history"].append(entry["count"])
-                entry["count"] = 0
-            entry["window"] = window
+            history.append(entry["count"])
+            for _ in range(min(window - entry["window"] - 1, NORMAL_WINDOWS)):
+                history.append(0)
+            entry["window"], entry["count"] = window, 0
         entry["count"] += 1
-        history = entry["history"]
-        normal = sum(history) / len(history) if history else None
-        if (
-            normal is not None
-            and entry["count"] >= ALARM_MIN_COUNT
-            and entry["count"] > ALARM_FACTOR * normal
-            and entry["alarmed"] != window
-        ):
-            entry["alarmed"] = window
-            return [(key, (f"{field}:{key}", window, entry["count"], normal))]
-        return []
+        return out
 
     return count
 
 
+def is_anomaly(count: int, normal: float | None) -> bool:
+    """A window is anomalous when it is busy and well above the key's normal value."""
+    return normal is not None and count >= ALARM_MIN_COUNT and count > ALARM_FACTOR * normal
+
+
 def _alarm(t: Tuple, state: dict) -> list:
-    state.setdefault("alarms", []).append(t.value)
+    name, window, count, normal = t.value
+    state["reports"] = state.get("reports", 0) + 1
+    if is_anomaly(count, normal):
+        state.setdefault("alarms", []).append(t.value)
     return []
 
 
@@ -127,12 +147,19 @@ def http_monitor(
     costs = dict(DEFAULT_COSTS_MS)
     for name, value in (costs_ms or {}).items():
         if name not in costs:
-            raise ValueError(f"costs_ms names unknown operator {name!r} (known: {', '.join(costs)})")
+            raise ValueError(
+                f"costs_ms names unknown operator {name!r} (known: {', '.join(costs)})"
+            )
         costs[name] = value
     counters = tuple(
         OperatorSpec(
-            field, parallelism, costs[field], windowed_counter(field), upstream=("retrieve",),
-            stateful=True, grouping="fields",
+            field,
+            parallelism,
+            costs[field],
+            windowed_counter(field),
+            upstream=("retrieve",),
+            stateful=True,
+            grouping="fields",
         )
         for field in ("country", "isp", "prefix")
     )
@@ -140,16 +167,23 @@ def http_monitor(
         app=app,
         operators=(
             OperatorSpec("source", parallelism, costs["source"], _emit_line),
-            OperatorSpec("retrieve", parallelism, costs["retrieve"], _retrieve, upstream=("source",)),
+            OperatorSpec(
+                "retrieve", parallelism, costs["retrieve"], _retrieve, upstream=("source",)
+            ),
             *counters,
             OperatorSpec(
-                "alarm", parallelism, costs["alarm"], _alarm, upstream=("country", "isp", "prefix"),
-                stateful=True, grouping="fields",
+                "alarm",
+                parallelism,
+                costs["alarm"],
+                _alarm,
+                upstream=("country", "isp", "prefix"),
+                stateful=True,
+                grouping="fields",
             ),
         ),
         make_root=_log_line,
     )
 
 
-# Mean tuples emitted per input, per operator (alarms are rare: about zero).
+# Mean tuples emitted per input, per operator (closed-window reports are few).
 FANOUT = {"source": 1.0, "retrieve": 1.0, "country": 0.0, "isp": 0.0, "prefix": 0.0}

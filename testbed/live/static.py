@@ -32,6 +32,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -41,7 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.cgroups import CgroupV1, ThreadGone
+from agent.instance_client import AgentClient, _key
 from agent.registry import InstanceKey
+from dsched.names import check_name
 from testbed.live.engine import Instance, LiveTopology, OperatorSpec, Tuple
 
 _SLICE_BUFFER = os.urandom(32 * 1024 * 1024)
@@ -77,20 +82,99 @@ def slice_burn(cpu_seconds: float) -> None:
         remaining -= n
 
 
+# The CPU-work process of one instance: reads a byte count (4 bytes, little
+# endian), hashes that many bytes in GIL-free sha256 calls, answers one byte.
+# It exits when its input closes, so it never outlives the benchmark.
+_WORKER_SOURCE = """
+import hashlib, os, struct
+buf = memoryview(bytes(8 * 1024 * 1024))
+os.write(1, b"r")
+while True:
+    head = os.read(0, 4)
+    if len(head) < 4:
+        break
+    n = struct.unpack("<I", head)[0]
+    while n > 0:
+        k = min(n, len(buf))
+        hashlib.sha256(buf[:k]).digest()
+        n -= k
+    os.write(1, b"d")
+"""
+
+CPU_MODES = ("thread", "process")
+
+
+class CpuWorker:
+    """A process that does one instance's per-tuple CPU work (one thread: its pid)."""
+
+    def __init__(self):
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_SOURCE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self._in = self.process.stdin.fileno()
+        self._out = self.process.stdout.fileno()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_ready(self) -> None:
+        if os.read(self._out, 1) != b"r":
+            raise RuntimeError(f"CPU worker {self.pid} did not start")
+
+    def burn(self, cpu_seconds: float) -> None:
+        n = int(cpu_seconds / seconds_per_byte())
+        if n <= 0:
+            return
+        os.write(self._in, struct.pack("<I", min(n, 0xFFFFFFFF)))
+        if os.read(self._out, 1) != b"d":
+            raise RuntimeError(f"CPU worker {self.pid} exited")
+
+    def close(self, timeout: float = 2.0) -> None:
+        for f in (self.process.stdin, self.process.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
 class SliceBurnInstance(Instance):
-    """An engine instance that burns with :func:`slice_burn` and stops on abort."""
+    """An engine instance that burns with :func:`slice_burn` (in its own thread or in
+    its :class:`CpuWorker` process) and stops on abort."""
+
+    cpu_worker: CpuWorker | None = None
+
+    @property
+    def cpu_pid_tid(self) -> tuple[int, int]:
+        """The OS thread that does this instance's CPU work (the one to cap)."""
+        if self.cpu_worker is not None:
+            return self.cpu_worker.pid, self.cpu_worker.pid
+        return os.getpid(), self.native_id
 
     def _run(self) -> None:
         self.native_id = threading.get_native_id()
         self.started.set()
         eng, cost = self.engine, self.spec.cost_ms / 1000.0
         children = eng.children[self.spec.name]
+        burn_cpu = self.cpu_worker.burn if self.cpu_worker is not None else slice_burn
         while True:
             t = self.queue.get()
             if t is None or eng.aborted.is_set():
                 return
             start = time.perf_counter()
-            slice_burn(cost)
+            try:
+                burn_cpu(cost)
+            except (OSError, RuntimeError):
+                if eng.aborted.is_set():
+                    return
+                raise
             out = self.spec.fn(t, self.state)
             sent = len(out) * len(children)
             # Ack before routing, as in the stock engine: a child processed at
@@ -101,7 +185,10 @@ class SliceBurnInstance(Instance):
                     eng.route(child, Tuple(t.root, (*t.tid, ci, j), t.created, key, value))
             c = self.counters
             c.executed += 1
-            c.emitted += sent
+            # Storm's "emitted" (tuples per output stream), not "transferred"
+            # (times the number of subscribers): the controller's parent-based
+            # prediction multiplies it by the parent's rate for each child.
+            c.emitted += len(out)
             c.service_seconds += time.perf_counter() - start
             if latency is not None:
                 c.latency_sum_seconds += latency
@@ -109,7 +196,13 @@ class SliceBurnInstance(Instance):
 
 
 class SliceBurnTopology(LiveTopology):
-    """:class:`LiveTopology` with :class:`SliceBurnInstance` threads and ``abort()``."""
+    """:class:`LiveTopology` with :class:`SliceBurnInstance` threads and ``abort()``.
+
+    ``cpu="process"`` gives every instance a :class:`CpuWorker`: the instance
+    thread keeps routing, acking and state (never capped, so it never stalls the
+    process's other threads) and the CPU work runs in a single-threaded process
+    whose thread is the one registered with the agent and capped.
+    """
 
     instance_class: type[Instance] = SliceBurnInstance
 
@@ -117,11 +210,15 @@ class SliceBurnTopology(LiveTopology):
         self,
         *args,
         group_keys: Mapping[str, Callable[[Any], str]] | None = None,
+        cpu: str = "process",
         **kwargs,
     ):
         """``group_keys`` keys fields grouping of an operator on a field of the tuple's
         value instead of the tuple's key (operator name -> function of the value)."""
         super().__init__(*args, **kwargs)
+        if cpu not in CPU_MODES:
+            raise ValueError(f"cpu must be one of {', '.join(CPU_MODES)}, got {cpu!r}")
+        self.cpu = cpu
         self.group_keys = dict(group_keys or {})
         unknown = set(self.group_keys) - {o.name for o in self.spec.operators}
         if unknown:
@@ -131,6 +228,30 @@ class SliceBurnTopology(LiveTopology):
             o.name: [self.instance_class(self, o, i, insts[i].worker) for i in range(o.parallelism)]
             for o, insts in ((o, self.instances[o.name]) for o in self.spec.operators)
         }
+
+    def start(self) -> None:
+        seconds_per_byte()  # calibrate before the clock starts
+        if self.cpu == "process":
+            for inst in self.all_instances():
+                inst.cpu_worker = CpuWorker()
+            for inst in self.all_instances():
+                inst.cpu_worker.wait_ready()
+        super().start()
+
+    def _register_all(self) -> None:
+        self._client = ForeignThreadClient(self._agent_socket)
+        for inst in self.all_instances():
+            pid, tid = inst.cpu_pid_tid
+            self._client.register_thread(
+                self.spec.app,
+                inst.spec.name,
+                inst.index,
+                inst.worker,
+                inst.spec.stateful,
+                pid=pid,
+                tid=tid,
+                upstream=inst.spec.upstream,
+            )
 
     def route(self, operator: str, t: Tuple) -> None:
         key_of = self.group_keys.get(operator)
@@ -143,11 +264,15 @@ class SliceBurnTopology(LiveTopology):
         inst.queue.put(t)
 
     def abort(self, join_timeout: float = 5.0) -> int:
-        """Stop input and every instance thread now; returns the roots left unfinished."""
+        """Stop input and every instance (thread and CPU worker) now; returns the
+        roots left unfinished."""
         self.stop_input()
         self.aborted.set()
         for inst in self.all_instances():
             inst.queue.put(None)
+        for inst in self.all_instances():
+            if inst.cpu_worker is not None:
+                inst.cpu_worker.close()
         for inst in self.all_instances():
             if inst.thread.is_alive():
                 inst.thread.join(timeout=join_timeout)
@@ -160,8 +285,53 @@ class SliceBurnTopology(LiveTopology):
             self._client = None
         return self.acker.in_flight
 
+    def processes_alive(self) -> int:
+        return sum(
+            inst.cpu_worker is not None and inst.cpu_worker.process.poll() is None
+            for inst in self.all_instances()
+        )
+
     def threads_alive(self) -> int:
         return sum(inst.thread.is_alive() for inst in self.all_instances())
+
+
+class ForeignThreadClient(AgentClient):
+    """Registers a thread of another process (the instance's CPU worker).
+
+    The agent accepts a pid other than the caller's only from root (peer
+    credentials), which the benchmark is.
+    """
+
+    def register_thread(
+        self,
+        app: str,
+        operator: str,
+        instance: int,
+        worker: str,
+        stateful: bool,
+        *,
+        pid: int,
+        tid: int,
+        upstream: tuple[str, ...] = (),
+    ) -> None:
+        key = _key(app, operator, instance)
+        for name in (*upstream, worker):
+            check_name("upstream" if name != worker else "worker", name)
+        msg = {
+            "op": "register",
+            "app": app,
+            "operator": operator,
+            "instance": instance,
+            "worker": worker,
+            "stateful": bool(stateful),
+            "pid": pid,
+            "tid": tid,
+            "upstream": list(upstream),
+        }
+        with self._lock:
+            self._registrations[(key, tid)] = msg
+            self._ops.append(msg)
+        self._wake.set()
 
 
 # ---------------------------------------------------------------- cap strategies
@@ -243,9 +413,12 @@ class StaticCaps:
         pid = os.getpid()
         for inst in topology.all_instances():
             key = InstanceKey(topology.spec.app, inst.spec.name, inst.index)
+            pid, tid = (
+                inst.cpu_pid_tid if isinstance(inst, SliceBurnInstance) else (pid, inst.native_id)
+            )
             path = self.backend.create(key, inst.worker, pid)
             try:
-                self.backend.attach(path, pid, inst.native_id)
+                self.backend.attach(path, pid, tid)
             except ThreadGone:
                 self.backend.remove(path)
                 continue

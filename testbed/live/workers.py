@@ -235,9 +235,15 @@ class WorkerProcess:
 
     def register(self, op: str, index: int, tid: int) -> None:
         if self._client is not None:
-            stateful = self.config.operators[op].spec.stateful
+            spec = self.config.operators[op].spec
             self._client.register(
-                self.config.app, op, index, self.config.worker_id, stateful, tid=tid
+                self.config.app,
+                op,
+                index,
+                self.config.worker_id,
+                spec.stateful,
+                tid=tid,
+                upstream=spec.upstream,
             )
 
     def unregister(self, op: str, index: int) -> None:

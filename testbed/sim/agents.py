@@ -47,19 +47,28 @@ class SimAgents:
         sc = sim.sc
         self._op_index = {
             (sc.apps[a].name, op.name): i
-            for i, (a, op) in enumerate((a, op) for a, app in enumerate(sc.apps) for op in app.operators)
+            for i, (a, op) in enumerate(
+                (a, op) for a, app in enumerate(sc.apps) for op in app.operators
+            )
         }
         self._upstream = [
-            () if sim.op_stage[i] == 0 else (sc.apps[sim.op_app[i]].operators[sim.op_stage[i] - 1].name,)
+            ()
+            if sim.op_stage[i] == 0
+            else (sc.apps[sim.op_app[i]].operators[sim.op_stage[i] - 1].name,)
             for i in range(sim.n_ops)
         ]
         for n in range(sc.nodes):
             nid = node_id(n)
-            controller.on_hello(pb.Hello(
-                node_id=nid, cpu_capacity_cores=float(sim.cores[n]), cgroup_mode=pb.CGROUP_V1,
-                counters_available=["throttling", "memory_bandwidth"], agent_version="sim",
-                slot_seconds=sc.epoch_seconds,
-            ))
+            controller.on_hello(
+                pb.Hello(
+                    node_id=nid,
+                    cpu_capacity_cores=float(sim.cores[n]),
+                    cgroup_mode=pb.CGROUP_V1,
+                    counters_available=["throttling", "memory_bandwidth"],
+                    agent_version="sim",
+                    slot_seconds=sc.epoch_seconds,
+                )
+            )
             self._inbox[nid] = []
             controller.sessions.attach(nid, self._inbox[nid].append)
 
@@ -83,12 +92,19 @@ class SimAgents:
             app = sc.apps[int(sim.op_app[op])]
             cap = float(sim.cap[i])
             sample = pb.InstanceSample(
-                key=pb.InstanceKey(app=app.name, operator=app.operators[sim.op_stage[op]].name,
-                                   instance=int(sim.inst_rank[i])),
-                worker=f"w{int(sim.op_stateful[op])}", stateful=bool(sim.op_stateful[op]),
-                cpu_seconds_total=float(usage[i]), cpu_usage_cores=float(sim.last_alloc[i]),
-                received_total=int(sim.received[i]), executed_total=int(sim.executed[i]),
-                emitted_total=int(sim.emitted[i]), queue_length=int(sim.queued[i]),
+                key=pb.InstanceKey(
+                    app=app.name,
+                    operator=app.operators[sim.op_stage[op]].name,
+                    instance=int(sim.inst_rank[i]),
+                ),
+                worker=f"w{int(sim.op_stateful[op])}",
+                stateful=bool(sim.op_stateful[op]),
+                cpu_seconds_total=float(usage[i]),
+                cpu_usage_cores=float(sim.last_alloc[i]),
+                received_total=int(sim.received[i]),
+                executed_total=int(sim.executed[i]),
+                emitted_total=int(sim.emitted[i]),
+                queue_length=int(sim.queued[i]),
                 latency_sum_seconds_total=float(sim.latency_sum[i]),
                 latency_count_total=int(sim.latency_count[i]),
                 service_seconds_total=float(sim.busy_seconds[i]),
@@ -100,16 +116,21 @@ class SimAgents:
             by_node[int(sim.node[i])].append(sample)
         mbw = np.bincount(sim.node, sim.mbw_seconds, minlength=sc.nodes) / max(sim.t, 1e-9)
         for n, samples in by_node.items():
-            self.controller.on_report(pb.NodeReport(
-                node_id=node_id(n), slot=self.slot, timestamp=self.now(), slot_seconds=sc.epoch_seconds,
-                instances=samples,
-                node=pb.NodeSample(
-                    cpu_capacity_cores=float(sim.cores[n]),
-                    cpu_usage_cores=float(sim.last_alloc[sim.node == n].sum()),
-                    memory_bandwidth_available=True,
-                    memory_bandwidth_bytes_per_second={"all": float(mbw[n] / sc.epoch_seconds)},
-                ),
-            ))
+            self.controller.on_report(
+                pb.NodeReport(
+                    node_id=node_id(n),
+                    slot=self.slot,
+                    timestamp=self.now(),
+                    slot_seconds=sc.epoch_seconds,
+                    instances=samples,
+                    node=pb.NodeSample(
+                        cpu_capacity_cores=float(sim.cores[n]),
+                        cpu_usage_cores=float(sim.last_alloc[sim.node == n].sum()),
+                        memory_bandwidth_available=True,
+                        memory_bandwidth_bytes_per_second={"all": float(mbw[n] / sc.epoch_seconds)},
+                    ),
+                )
+            )
 
     def apply_directives(self) -> int:
         """Apply what the controller sent since the last call; returns caps applied."""

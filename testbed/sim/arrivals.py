@@ -42,7 +42,9 @@ def app_arrivals(app: AppSpec, duration: float, epoch_seconds: float, seed: int)
     if base_rate <= 0 or not np.any(rate > 0):
         return np.empty(0)
     # Operational time in units of "seconds at the base rate".
-    op_time = np.concatenate([[0.0], np.cumsum((rate[1:] + rate[:-1]) / 2 * np.diff(grid))]) / base_rate
+    op_time = (
+        np.concatenate([[0.0], np.cumsum((rate[1:] + rate[:-1]) / 2 * np.diff(grid))]) / base_rate
+    )
     horizon = float(op_time[-1])
     if spec.kind == "weibull":
         scale = 1.0 / (spec.rate * math.gamma(1.0 + 1.0 / spec.shape))
@@ -56,7 +58,9 @@ def all_arrivals(scenario: Scenario) -> tuple[np.ndarray, np.ndarray]:
     """(times, app index) of every source arrival of the scenario, sorted by time."""
     times, apps = [], []
     for i, app in enumerate(scenario.apps):
-        t = app_arrivals(app, scenario.duration_s, scenario.epoch_seconds, seed=scenario.seed * 100_003 + i)
+        t = app_arrivals(
+            app, scenario.duration_s, scenario.epoch_seconds, seed=scenario.seed * 100_003 + i
+        )
         times.append(t)
         apps.append(np.full(len(t), i, dtype=np.int64))
     t_all = np.concatenate(times) if times else np.empty(0)

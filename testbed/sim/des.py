@@ -51,7 +51,9 @@ def fcfs_queue(arrivals: np.ndarray, services: np.ndarray, servers: int) -> Queu
     return QueueRun(arrivals, starts, starts + services)
 
 
-def mmc(arrival_rate: float, service_rate: float, servers: int, customers: int, seed: int = 0) -> QueueRun:
+def mmc(
+    arrival_rate: float, service_rate: float, servers: int, customers: int, seed: int = 0
+) -> QueueRun:
     """An M/M/c run of ``customers`` customers."""
     if arrival_rate <= 0:
         raise ValueError(f"arrival_rate must be > 0, got {arrival_rate}")

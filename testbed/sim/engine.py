@@ -82,7 +82,11 @@ class ClusterSim:
         self.dt = scenario.epoch_seconds / scenario.steps_per_epoch
         self.t = 0.0
         self.max_par = P = max_parallelism
-        ops = [(ai, k, op) for ai, app in enumerate(scenario.apps) for k, op in enumerate(app.operators)]
+        ops = [
+            (ai, k, op)
+            for ai, app in enumerate(scenario.apps)
+            for k, op in enumerate(app.operators)
+        ]
         self.n_ops = len(ops)
         self.op_app = np.array([a for a, _, _ in ops], dtype=np.int64)
         self.op_stage = np.array([k for _, k, _ in ops], dtype=np.int64)
@@ -92,6 +96,9 @@ class ClusterSim:
         self.op_sel = np.array([o.selectivity for _, _, o in ops])
         self.op_stateful = np.array([o.stateful for _, _, o in ops])
         self.op_mbw = np.array([o.mbw_per_core for _, _, o in ops])
+        self.cv_values, self.op_cv_group = np.unique(self.op_cv2, return_inverse=True)
+        self.pool_cum = [np.zeros(1) for _ in self.cv_values]
+        self.pool_pos = [0 for _ in self.cv_values]
         first = np.zeros(len(scenario.apps), dtype=np.int64)
         last = np.zeros(len(scenario.apps), dtype=np.int64)
         for i, (a, k, _) in enumerate(ops):
@@ -99,7 +106,9 @@ class ClusterSim:
                 first[a] = i
             last[a] = i
         self.app_first_op, self.app_last_op = first, last
-        self.op_next = np.where(np.arange(self.n_ops) == last[self.op_app], -1, np.arange(self.n_ops) + 1)
+        self.op_next = np.where(
+            np.arange(self.n_ops) == last[self.op_app], -1, np.arange(self.n_ops) + 1
+        )
         self.n_stages = int(self.op_stage.max()) + 1
         # Instance slots: op * P + r.
         n = self.n_inst = self.n_ops * P
@@ -116,11 +125,12 @@ class ClusterSim:
         self.cores = np.full(scenario.nodes, float(scenario.cores_per_node))
         self.node_slowdown = np.ones(scenario.nodes)
         # Queues.
-        self.q_count = np.zeros((n, RING), dtype=np.int64)
-        self.q_work = np.zeros((n, RING))
-        self.q_birth = np.zeros((n, RING))
-        self.q_arr = np.zeros((n, RING))
-        self.q_start = np.full((n, RING), np.nan)
+        # Ring buffers of cohorts, flat: instance i's ring is [i * RING, (i + 1) * RING).
+        self.q_count = np.zeros(n * RING, dtype=np.int64)
+        self.q_work = np.zeros(n * RING)
+        self.q_birth = np.zeros(n * RING)
+        self.q_arr = np.zeros(n * RING)
+        self.q_start = np.full(n * RING, np.nan)
         self.head = np.zeros(n, dtype=np.int64)
         self.size = np.zeros(n, dtype=np.int64)
         self.queued = np.zeros(n, dtype=np.int64)
@@ -149,7 +159,9 @@ class ClusterSim:
     def slots_of(self, op: int) -> np.ndarray:
         return np.arange(op * self.max_par, (op + 1) * self.max_par)
 
-    def set_parallelism(self, op: int, k: int, nodes: list[int] | np.ndarray, pause: bool = True) -> None:
+    def set_parallelism(
+        self, op: int, k: int, nodes: list[int] | np.ndarray, pause: bool = True
+    ) -> None:
         """Run ``k`` instances of ``op``; ``nodes[r]`` places instance r (existing ones keep theirs
         unless told). A change pauses the operator (a rescale restarts it)."""
         if not 1 <= k <= self.max_par:
@@ -179,7 +191,11 @@ class ClusterSim:
             self.reconfigurations += 1
 
     def _pause(self, op: int) -> float:
-        return self.sc.stateful_migration_pause_s if self.op_stateful[op] else self.sc.migration_pause_s
+        return (
+            self.sc.stateful_migration_pause_s
+            if self.op_stateful[op]
+            else self.sc.migration_pause_s
+        )
 
     def set_caps(self, inst: np.ndarray, caps: np.ndarray) -> None:
         """Cap instances in cores; ``inf`` (or 0, like a directive) removes the cap."""
@@ -236,10 +252,7 @@ class ClusterSim:
             ops_here = np.flatnonzero((self.op_stage == stage) & (in_count > 0))
             if len(ops_here):
                 self._enqueue(ops_here, in_count, in_tsum, in_birth)
-            out = self._serve(slots, rate, t0, t1, busy_time)
-            if out is None:
-                out = (np.zeros(self.n_ops, dtype=np.int64), np.zeros(self.n_ops), np.zeros(self.n_ops))
-            in_count, in_tsum, in_birth = out
+            in_count, in_tsum, in_birth = self._serve(slots, rate, t0, t1, busy_time)
         used = alloc * busy_time
         self.cpu_seconds += used
         self.busy_seconds += busy_time
@@ -248,7 +261,9 @@ class ClusterSim:
         mbw = used * self.op_mbw[self.inst_op]
         self.mbw_seconds += mbw
         util = np.bincount(self.node, mbw, minlength=sc.nodes) / (dt * self.cores)
-        self.node_slowdown = 1.0 + sc.interference_slope * np.maximum(0.0, util - sc.interference_threshold)
+        self.node_slowdown = 1.0 + sc.interference_slope * np.maximum(
+            0.0, util - sc.interference_threshold
+        )
         self.last_alloc = np.where(busy_time > 0, alloc, 0.0)
         self.work_rate = 0.8 * self.work_rate + 0.2 * self.work_in_step / dt
         self.work_in_step[:] = 0.0
@@ -261,7 +276,9 @@ class ClusterSim:
             raise RuntimeError(f"operator {self.op_name[int(ops[k == 0][0])]} has no instance")
         n_op = in_count[ops]
         r = np.arange(P)[None, :]
-        share = n_op[:, None] // k[:, None] + (((r - self.op_rot[ops][:, None]) % k[:, None]) < (n_op % k)[:, None])
+        share = n_op[:, None] // k[:, None] + (
+            ((r - self.op_rot[ops][:, None]) % k[:, None]) < (n_op % k)[:, None]
+        )
         share = np.where(r < k[:, None], share, 0)
         self.op_rot[ops] = (self.op_rot[ops] + n_op) % np.maximum(k, 1)
         inst = (ops[:, None] * P + r)[share > 0]
@@ -270,91 +287,127 @@ class ClusterSim:
         frac = n / in_count[op]
         birth = in_birth[op] * frac
         arr = in_tsum[op] / in_count[op]
-        cv2 = self.op_cv2[op]
-        mean = self.op_work[op]
-        work = np.where(
-            cv2 > 0,
-            self.rng.gamma(np.maximum(n / np.maximum(cv2, 1e-12), 1e-12)) * mean * cv2,
-            n * mean,
-        )
+        work = self._work(op, n)
         full = self.size[inst] >= RING
-        pos = (self.head[inst] + np.where(full, RING - 1, self.size[inst])) % RING
+        pos = inst * RING + (self.head[inst] + np.where(full, RING - 1, self.size[inst])) % RING
         fresh = ~full
-        self.q_count[inst, pos] = np.where(fresh, 0, self.q_count[inst, pos]) + n
-        self.q_work[inst, pos] = np.where(fresh, 0.0, self.q_work[inst, pos]) + work
-        self.q_birth[inst, pos] = np.where(fresh, 0.0, self.q_birth[inst, pos]) + birth
-        self.q_arr[inst, pos] = np.where(fresh, arr, self.q_arr[inst, pos])
-        self.q_start[inst, pos] = np.where(fresh, np.nan, self.q_start[inst, pos])
+        self.q_count[pos] = np.where(fresh, 0, self.q_count[pos]) + n
+        self.q_work[pos] = np.where(fresh, 0.0, self.q_work[pos]) + work
+        self.q_birth[pos] = np.where(fresh, 0.0, self.q_birth[pos]) + birth
+        self.q_arr[pos] = np.where(fresh, arr, self.q_arr[pos])
+        self.q_start[pos] = np.where(fresh, np.nan, self.q_start[pos])
         self.size[inst] += fresh
         self.queued[inst] += n
         self.queued_work[inst] += work
         self.work_in_step[inst] += work
         self.received[inst] += n
 
-    def _serve(self, slots: np.ndarray, rate: np.ndarray, t0: float, t1: float, busy_time: np.ndarray):
+    def _work(self, op: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """CPU work of cohorts of ``n`` messages: sums of n iid gamma draws, taken as
+        differences of a running sum over a pool of unit draws (one pool per CV)."""
+        work = n * self.op_work[op]
+        group = self.op_cv_group[op]
+        for g in np.unique(group) if len(self.cv_values) > 1 else (0,):
+            sel = group == g if len(self.cv_values) > 1 else slice(None)
+            cv2 = self.cv_values[g]
+            if cv2 == 0:
+                continue
+            ns = n[sel]
+            total = int(ns.sum())
+            if self.pool_pos[g] + total >= len(self.pool_cum[g]):
+                draws = self.rng.standard_gamma(1.0 / cv2, size=max(1 << 20, 2 * total)) * cv2
+                self.pool_cum[g] = np.concatenate([[0.0], np.cumsum(draws)])
+                self.pool_pos[g] = 0
+            ends = self.pool_pos[g] + np.cumsum(ns)
+            starts = ends - ns
+            cum = self.pool_cum[g]
+            work[sel] = (cum[ends] - cum[starts]) * self.op_work[op[sel]]
+            self.pool_pos[g] = int(ends[-1]) if len(ends) else self.pool_pos[g]
+        return work
+
+    def _serve(
+        self, slots: np.ndarray, rate: np.ndarray, t0: float, t1: float, busy_time: np.ndarray
+    ):
         local = np.full(len(slots), t0)
-        nxt = None
+        nxt = (np.zeros(self.n_ops, dtype=np.int64), np.zeros(self.n_ops), np.zeros(self.n_ops))
         while True:
             ok = (self.size[slots] > 0) & (rate[slots] > 0) & (local < t1 - 1e-12)
             if not ok.any():
                 break
             where = np.flatnonzero(ok)
             inst = slots[where]
-            h = self.head[inst]
-            begin = np.maximum(local[where], self.q_arr[inst, h])
+            h = inst * RING + self.head[inst]
+            begin = np.maximum(local[where], self.q_arr[h])
             r = rate[inst]
-            need = self.q_work[inst, h] / r
+            need = self.q_work[h] / r
             finish = begin + need
             done = finish <= t1
-            start = self.q_start[inst, h]
+            start = self.q_start[h]
             start = np.where(np.isnan(start), begin, start)
-            # Partly served cohorts stay at the head.
             part = ~done
-            ip, hp = inst[part], h[part]
-            served = r[part] * (t1 - begin[part])
-            self.q_work[ip, hp] -= served
-            self.queued_work[ip] -= served
-            self.q_start[ip, hp] = start[part]
-            busy_time[ip] += t1 - begin[part]
-            local[where[part]] = t1
+            if part.any():
+                # A cohort served only partly: its messages finish one by one, so
+                # the served share of its work finishes the same share of them.
+                ip, hp = inst[part], h[part]
+                served = r[part] * (t1 - begin[part])
+                n = self.q_count[hp]
+                m = np.minimum(np.floor(n * served / self.q_work[hp]).astype(np.int64), n - 1)
+                self.q_work[hp] -= served
+                self.queued_work[ip] -= served
+                busy_time[ip] += t1 - begin[part]
+                local[where[part]] = t1
+                self.q_start[hp] = np.where(m > 0, t1, start[part])
+                if m.any():
+                    k = m > 0
+                    birth = self.q_birth[hp[k]] * m[k] / n[k]
+                    self.q_birth[hp[k]] -= birth
+                    self.q_count[hp[k]] -= m[k]
+                    mid = (start[part][k] + t1) / 2.0
+                    self._finish(ip[k], m[k], birth, mid, t1, nxt)
             if done.any():
                 i_d, h_d = inst[done], h[done]
                 busy_time[i_d] += need[done]
                 local[where[done]] = finish[done]
-                n = self.q_count[i_d, h_d]
-                birth = self.q_birth[i_d, h_d]
+                n = self.q_count[h_d]
+                birth = self.q_birth[h_d]
                 s, e = start[done], finish[done]
                 mean_done = s + (e - s) * (n + 1) / (2.0 * n)
-                self.latency_sum[i_d] += n * mean_done - birth
-                self.latency_count[i_d] += n
-                self.executed[i_d] += n
-                self.queued[i_d] -= n
-                self.queued_work[i_d] = np.maximum(0.0, self.queued_work[i_d] - self.q_work[i_d, h_d])
-                self.head[i_d] = (h_d + 1) % RING
+                self.queued_work[i_d] = np.maximum(0.0, self.queued_work[i_d] - self.q_work[h_d])
+                self.head[i_d] = (self.head[i_d] + 1) % RING
                 self.size[i_d] -= 1
-                op = self.inst_op[i_d]
-                sel = self.op_sel[op]
-                out_n = np.where(sel == 1.0, n, self.rng.poisson(n * sel))
-                self.created += int(out_n.sum() - n.sum())
-                self.emitted[i_d] += out_n
-                nxt_op = self.op_next[op]
-                to_next = nxt_op >= 0
-                if nxt is None:
-                    nxt = (np.zeros(self.n_ops, dtype=np.int64), np.zeros(self.n_ops), np.zeros(self.n_ops))
-                if to_next.any():
-                    dest = nxt_op[to_next]
-                    on = out_n[to_next]
-                    nxt[0][:] += np.bincount(dest, on, minlength=self.n_ops).astype(np.int64)
-                    nxt[1][:] += np.bincount(dest, on * mean_done[to_next], minlength=self.n_ops)
-                    per_msg_birth = birth[to_next] / n[to_next]
-                    nxt[2][:] += np.bincount(dest, on * per_msg_birth, minlength=self.n_ops)
-                sink = ~to_next
-                if sink.any():
-                    self._sinks.append((
-                        self.op_app[op[sink]], n[sink], mean_done[sink] - birth[sink] / n[sink],
-                        np.full(int(sink.sum()), t1),
-                    ))
+                self._finish(i_d, n, birth, mean_done, t1, nxt)
         return nxt
+
+    def _finish(self, inst, n, birth, mean_done, t1: float, nxt) -> None:
+        """``n`` messages of each of ``inst`` finished around ``mean_done``: count them
+        and pass them on (or record them at the sink)."""
+        self.latency_sum[inst] += n * mean_done - birth
+        self.latency_count[inst] += n
+        self.executed[inst] += n
+        self.queued[inst] -= n
+        op = self.inst_op[inst]
+        sel = self.op_sel[op]
+        out_n = np.where(sel == 1.0, n, self.rng.poisson(n * sel))
+        self.created += int(out_n.sum() - n.sum())
+        self.emitted[inst] += out_n
+        nxt_op = self.op_next[op]
+        to_next = nxt_op >= 0
+        if to_next.any():
+            dest = nxt_op[to_next]
+            on = out_n[to_next]
+            nxt[0][:] += np.bincount(dest, on, minlength=self.n_ops).astype(np.int64)
+            nxt[1][:] += np.bincount(dest, on * mean_done[to_next], minlength=self.n_ops)
+            nxt[2][:] += np.bincount(dest, on * birth[to_next] / n[to_next], minlength=self.n_ops)
+        sink = ~to_next
+        if sink.any():
+            self._sinks.append(
+                (
+                    self.op_app[op[sink]],
+                    n[sink],
+                    mean_done[sink] - birth[sink] / n[sink],
+                    np.full(int(sink.sum()), t1),
+                )
+            )
 
     # ------------------------------------------------------------ results
     def run_steps(self, steps: int) -> None:

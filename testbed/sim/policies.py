@@ -23,7 +23,6 @@ baselines are the policies users would otherwise pick:
 
 from __future__ import annotations
 
-import math
 import resource
 import tempfile
 import time
@@ -64,9 +63,13 @@ class Policy(Protocol):
     def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None: ...
 
 
-def round_robin_layout(sim: ClusterSim, parallelism: np.ndarray, skip: np.ndarray | None = None) -> None:
+def round_robin_layout(
+    sim: ClusterSim, parallelism: np.ndarray, skip: np.ndarray | None = None
+) -> None:
     """Place instances over nodes in turn, skipping nodes marked in ``skip``."""
-    nodes = [n for n in range(sim.sc.nodes) if skip is None or not skip[n]] or list(range(sim.sc.nodes))
+    nodes = [n for n in range(sim.sc.nodes) if skip is None or not skip[n]] or list(
+        range(sim.sc.nodes)
+    )
     turn = 0
     for op in range(sim.n_ops):
         k = int(parallelism[op])
@@ -177,7 +180,7 @@ class UtilTargetPolicy:
 
     def setup(self, sim: ClusterSim) -> None:
         round_robin_layout(sim, np.ones(sim.n_ops, dtype=int))
-        self._last_change = np.full(sim.n_ops, -10**9)
+        self._last_change = np.full(sim.n_ops, -(10**9))
         self._below = np.zeros(sim.n_ops, dtype=int)
 
     def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
@@ -282,7 +285,8 @@ def simulation_controller_config(sim: ClusterSim, state_dir: Path, allocator: st
         values["qos"] = QosConfig(
             default_class=sc.qos[-1].name,
             classes={
-                c.name: QosClassConfig(c.target_latency_ms, c.max_violation_ratio, c.weight) for c in sc.qos
+                c.name: QosClassConfig(c.target_latency_ms, c.max_violation_ratio, c.weight)
+                for c in sc.qos
             },
         )
     cfg = ControllerConfig(**{k: v for k, v in values.items() if k in names})
@@ -310,6 +314,7 @@ class DschedPolicy:
     peak_rss_bytes: int = 0
     class_assignment: str = ""
     config_used: dict[str, object] = field(default_factory=dict)
+    failed_epochs: list[str] = field(default_factory=list)
     _tmp: tempfile.TemporaryDirectory | None = None
     controller: object = None
     agents: SimAgents | None = None
@@ -321,8 +326,11 @@ class DschedPolicy:
         self._tmp = tempfile.TemporaryDirectory(prefix="dsched-sim-")
         cfg = simulation_controller_config(sim, Path(self._tmp.name), self.allocator)
         self.config_used = {
-            "allocator": cfg.allocator, "phi": cfg.phi, "theta_cores": cfg.theta_cores,
-            "min_cap_cores": cfg.min_cap_cores, "slot_seconds": cfg.slot_seconds,
+            "allocator": cfg.allocator,
+            "phi": cfg.phi,
+            "theta_cores": cfg.theta_cores,
+            "min_cap_cores": cfg.min_cap_cores,
+            "slot_seconds": cfg.slot_seconds,
         }
         self.controller = Controller(cfg, clock=lambda: CLOCK_BASE + sim.t)
         self.agents = SimAgents(sim, self.controller, clock_base=CLOCK_BASE)
@@ -333,7 +341,12 @@ class DschedPolicy:
         assert self.agents is not None
         self.agents.send_reports()
         t0 = time.perf_counter()
-        self.controller.run_epoch()
+        try:
+            self.controller.run_epoch()
+        except Exception as exc:  # noqa: BLE001 - the production loop does the same
+            # controller.core.Controller._loop logs a failed epoch and goes on;
+            # the simulation does too, and reports how often it happened.
+            self.failed_epochs.append(f"epoch {obs.epoch}: {type(exc).__name__}: {exc}")
         self.epoch_seconds.append(time.perf_counter() - t0)
         self.peak_rss_bytes = max(
             self.peak_rss_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -367,4 +380,3 @@ def make_policy(name: str) -> Policy:
 
 def uncapped(sim: ClusterSim) -> np.ndarray:
     return ~np.isfinite(sim.cap) | (sim.cap == UNCAPPED)
-

@@ -77,8 +77,13 @@ def observe(sim: ClusterSim, prev: dict[str, np.ndarray], epoch: int) -> EpochOb
     d = {k: getattr(sim, k) - prev[k] for k in prev}
     usage = d["cpu_seconds"] / secs
     return EpochObservation(
-        epoch=epoch, seconds=secs, usage_cores=usage, busy_ratio=d["busy_seconds"] / secs,
-        executed=d["executed"], received=d["received"], busy_seconds=d["busy_seconds"],
+        epoch=epoch,
+        seconds=secs,
+        usage_cores=usage,
+        busy_ratio=d["busy_seconds"] / secs,
+        executed=d["executed"],
+        received=d["received"],
+        busy_seconds=d["busy_seconds"],
         queue=sim.queued.copy(),
         node_utilization=np.bincount(sim.node, usage, minlength=sim.sc.nodes) / sim.cores,
         source_rate=d["source_arrivals"] / secs,
@@ -95,7 +100,9 @@ def run_policy(scenario: Scenario, policy: Policy) -> RunResult:
     targets = {c.name: c.target_latency_ms for c in scenario.qos}
     app_class = np.array([classes.index(a.qos_class) for a in scenario.apps])
     burst_starts = [a.burst.start_epoch for a in scenario.apps if a.burst is not None]
-    phase2_from = min(burst_starts) * scenario.epoch_seconds if burst_starts else scenario.duration_s
+    phase2_from = (
+        min(burst_starts) * scenario.epoch_seconds if burst_starts else scenario.duration_s
+    )
     sinks: list[SinkRecords] = []
     cpu_alloc_by_class = np.zeros((scenario.epochs, len(classes)))
     lat_by_class = np.full((scenario.epochs, len(classes)), np.nan)
@@ -108,7 +115,9 @@ def run_policy(scenario: Scenario, policy: Policy) -> RunResult:
         obs = observe(sim, prev, e)
         alive = sim.alive
         capped = np.isfinite(sim.cap)
-        alloc = np.where(capped, np.minimum(sim.cap, 1.0) * scenario.epoch_seconds, obs.usage_cores * obs.seconds)
+        alloc = np.where(
+            capped, np.minimum(sim.cap, 1.0) * scenario.epoch_seconds, obs.usage_cores * obs.seconds
+        )
         alloc = np.where(alive, alloc, 0.0)
         cls_of_inst = app_class[sim.op_app[sim.inst_op]]
         cpu_alloc_by_class[e] = np.bincount(cls_of_inst, alloc, minlength=len(classes))
@@ -122,15 +131,26 @@ def run_policy(scenario: Scenario, policy: Policy) -> RunResult:
             lat_by_class[e] = np.where(n > 0, s / np.maximum(n, 1) * 1000, np.nan)
         policy.on_epoch(sim, obs)
         cap_changes += int(np.sum(~np.isclose(caps_before, sim.cap) & alive))
-    allrec = SinkRecords(*(np.concatenate([getattr(r, f) for r in sinks]) for f in ("app", "count", "latency_s", "time_s")))
+    allrec = SinkRecords(
+        *(
+            np.concatenate([getattr(r, f) for r in sinks])
+            for f in ("app", "count", "latency_s", "time_s")
+        )
+    )
     cls = app_class[allrec.app]
     late = allrec.time_s >= phase2_from
     figures = {
-        c: ClassFigures.of(allrec.latency_s[cls == i], allrec.count[cls == i], targets.get(c, np.inf))
+        c: ClassFigures.of(
+            allrec.latency_s[cls == i], allrec.count[cls == i], targets.get(c, np.inf)
+        )
         for i, c in enumerate(classes)
     }
     figures2 = {
-        c: ClassFigures.of(allrec.latency_s[(cls == i) & late], allrec.count[(cls == i) & late], targets.get(c, np.inf))
+        c: ClassFigures.of(
+            allrec.latency_s[(cls == i) & late],
+            allrec.count[(cls == i) & late],
+            targets.get(c, np.inf),
+        )
         for i, c in enumerate(classes)
     }
     conservation = {
@@ -140,15 +160,21 @@ def run_policy(scenario: Scenario, policy: Policy) -> RunResult:
         "created_by_selectivity": int(sim.created),
     }
     return RunResult(
-        policy=policy.name, classes=figures, classes_phase2=figures2,
+        policy=policy.name,
+        classes=figures,
+        classes_phase2=figures2,
         cpu_allocated_core_seconds=float(cpu_alloc_by_class.sum()),
         reconfigurations=int(sim.reconfigurations + cap_changes),
         nodes_mean=float(np.mean(nodes_used)),
         per_epoch={
-            "cpu_allocated_cores": {c: (cpu_alloc_by_class[:, i] / scenario.epoch_seconds).round(4).tolist()
-                                    for i, c in enumerate(classes)},
-            "latency_ms_mean": {c: [None if np.isnan(x) else round(float(x), 3) for x in lat_by_class[:, i]]
-                                for i, c in enumerate(classes)},
+            "cpu_allocated_cores": {
+                c: (cpu_alloc_by_class[:, i] / scenario.epoch_seconds).round(4).tolist()
+                for i, c in enumerate(classes)
+            },
+            "latency_ms_mean": {
+                c: [None if np.isnan(x) else round(float(x), 3) for x in lat_by_class[:, i]]
+                for i, c in enumerate(classes)
+            },
         },
         conservation=conservation,
         extra={"rescales_and_moves": int(sim.reconfigurations), "cap_changes": cap_changes},

@@ -105,7 +105,9 @@ class ArrivalSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in ARRIVAL_KINDS:
-            raise ValueError(f"arrival kind must be one of {', '.join(ARRIVAL_KINDS)}, got {self.kind!r}")
+            raise ValueError(
+                f"arrival kind must be one of {', '.join(ARRIVAL_KINDS)}, got {self.kind!r}"
+            )
         _non_negative(self.rate, "rate")
         if self.kind == "weibull":
             _positive(self.shape, "shape")
@@ -188,7 +190,9 @@ class Scenario:
         known = {c.name for c in self.qos}
         for a in self.apps:
             if self.qos and a.qos_class not in known:
-                raise ValueError(f"app {a.name}: qos_class {a.qos_class!r} is not a class ({sorted(known)})")
+                raise ValueError(
+                    f"app {a.name}: qos_class {a.qos_class!r} is not a class ({sorted(known)})"
+                )
 
     @property
     def duration_s(self) -> float:
@@ -231,7 +235,7 @@ def seed004(
     cores: float = 16.0,
     phase1_utilization: float = 0.5,
     epoch_seconds: float = 5.0,
-    step_seconds: float = 0.01,
+    step_seconds: float = 0.05,
     burst_start: int = 40,
     burst_end: int = 51,
     seed: int = 4,
@@ -255,7 +259,8 @@ def seed004(
     if arrivals not in ("poisson", "weibull"):
         raise ValueError(f"arrivals must be poisson or weibull, got {arrivals!r}")
     rng = np.random.default_rng(seed)
-    classes = rng.choice(len(CLASS_NAMES), size=apps)
+    # Random, but balanced: a third of the applications in each class.
+    classes = rng.permutation(np.arange(apps) % len(CLASS_NAMES))
     # Per-operator mean service time (seconds, paper units) around 0.9 s.
     op_means = np.clip(rng.gamma(4.0, 0.9 / 4.0, size=(apps, 4)), 0.1, 3.4)
     op_means *= 0.9 / op_means.mean()
@@ -274,23 +279,42 @@ def seed004(
     for i, (arr, cls) in enumerate(specs):
         ops = tuple(
             OperatorSpec(
-                f"op{k}", work_mean_s=float(op_means[i, k] * work_scale), work_cv=0.7,
-                stateful=(k == 2), mbw_per_core=0.08,
+                f"op{k}",
+                work_mean_s=float(op_means[i, k] * work_scale),
+                work_cv=0.7,
+                stateful=(k == 2),
+                mbw_per_core=0.08,
             )
             for k in range(4)
         )
-        burst = BurstSpec(burst_start, burst_end, SEED004_BURST[cls]) if burst_end <= epochs + 100 else None
+        burst = (
+            BurstSpec(burst_start, burst_end, SEED004_BURST[cls])
+            if burst_end <= epochs + 100
+            else None
+        )
         app_specs.append(AppSpec(f"app{i:04d}", cls, ops, arr, burst))
     return Scenario(
-        name=f"seed004-{arrivals}", nodes=nodes, cores_per_node=cores / nodes, apps=tuple(app_specs),
-        epochs=epochs, epoch_seconds=epoch_seconds, step_seconds=step_seconds,
-        qos=SEED004_CLASSES, seed=seed,
+        name=f"seed004-{arrivals}",
+        nodes=nodes,
+        cores_per_node=cores / nodes,
+        apps=tuple(app_specs),
+        epochs=epochs,
+        epoch_seconds=epoch_seconds,
+        step_seconds=step_seconds,
+        qos=SEED004_CLASSES,
+        seed=seed,
     )
 
 
 def wordcount(
-    epochs: int = 20, rate: float = 40.0, *, nodes: int = 1, cores: float = 2.0,
-    epoch_seconds: float = 5.0, step_seconds: float = 0.005, seed: int = 1,
+    epochs: int = 20,
+    rate: float = 40.0,
+    *,
+    nodes: int = 1,
+    cores: float = 2.0,
+    epoch_seconds: float = 5.0,
+    step_seconds: float = 0.005,
+    seed: int = 1,
 ) -> Scenario:
     """One WordCount-like chain (source -> split -> count -> sink) on a small node."""
     ops = (
@@ -301,14 +325,27 @@ def wordcount(
     )
     app = AppSpec("wordcount", "gold", ops, ArrivalSpec("poisson", rate=rate))
     return Scenario(
-        name="wordcount", nodes=nodes, cores_per_node=cores, apps=(app,), epochs=epochs,
-        epoch_seconds=epoch_seconds, step_seconds=step_seconds, qos=SEED004_CLASSES, seed=seed,
+        name="wordcount",
+        nodes=nodes,
+        cores_per_node=cores,
+        apps=(app,),
+        epochs=epochs,
+        epoch_seconds=epoch_seconds,
+        step_seconds=step_seconds,
+        qos=SEED004_CLASSES,
+        seed=seed,
     )
 
 
 def scale(
-    nodes: int = 1000, instances: int = 20_000, epochs: int = 6, *, cores_per_node: float = 16.0,
-    epoch_seconds: float = 5.0, step_seconds: float = 0.05, seed: int = 7,
+    nodes: int = 1000,
+    instances: int = 20_000,
+    epochs: int = 6,
+    *,
+    cores_per_node: float = 16.0,
+    epoch_seconds: float = 5.0,
+    step_seconds: float = 0.05,
+    seed: int = 7,
 ) -> Scenario:
     """``instances`` single-instance operators in chains of four over ``nodes`` nodes."""
     nodes = _count(nodes, "nodes")
@@ -324,6 +361,13 @@ def scale(
         ops = tuple(OperatorSpec(f"op{k}", work, 0.7) for k in range(4))
         apps.append(AppSpec(f"app{i:05d}", cls, ops, ArrivalSpec("poisson", rate=rate)))
     return Scenario(
-        name="scale", nodes=nodes, cores_per_node=cores_per_node, apps=tuple(apps), epochs=epochs,
-        epoch_seconds=epoch_seconds, step_seconds=step_seconds, qos=SEED004_CLASSES, seed=seed,
+        name="scale",
+        nodes=nodes,
+        cores_per_node=cores_per_node,
+        apps=tuple(apps),
+        epochs=epochs,
+        epoch_seconds=epoch_seconds,
+        step_seconds=step_seconds,
+        qos=SEED004_CLASSES,
+        seed=seed,
     )

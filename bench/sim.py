@@ -1,0 +1,266 @@
+"""Simulated clusters: dsched's unmodified controller beside peers' policies.
+
+Scenarios:
+
+* ``seed004-poisson`` / ``seed004-weibull`` -- the QoS cap experiment of
+  seeds/004: ``--apps`` applications of four operators on 4 nodes (16 cores),
+  three QoS classes, a linear burst (x1.8 / x2.7 / x3.6) from epoch 40 to 51;
+* ``wordcount`` -- one small chain on one 2-core node (the calibration scenario);
+* ``scale`` -- ``--nodes`` nodes and ``--instances`` instances: the controller's
+  epoch time and memory inside the simulation (dsched only).
+
+Per policy and class: mean and p99 end-to-end latency, violation ratio (whole
+run and phase II), CPU allocated, reconfigurations, nodes; ratios against ``err``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.common import write_result
+from testbed.sim import scenario as scen
+from testbed.sim.policies import POLICIES, DschedPolicy, controller_features, make_policy
+from testbed.sim.run import run_policy
+
+SCENARIOS = ("seed004-poisson", "seed004-weibull", "wordcount", "scale")
+#: The paper's claims against ERR for the gold class (seeds/004, Table 1).
+MUST_GOLD_VIOLATION_REDUCTION = 0.77
+MUST_GOLD_LATENCY_REDUCTION = 0.188
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenario", choices=SCENARIOS, default="seed004-weibull")
+    parser.add_argument("--apps", type=int, default=200, help="applications (seed004)")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="epochs (default: 80 seed004, 20 wordcount, 4 scale)",
+    )
+    parser.add_argument("--nodes", type=int, default=1000, help="nodes (scale)")
+    parser.add_argument("--instances", type=int, default=20_000, help="instances (scale)")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
+    parser.add_argument("--step", type=float, default=None, help="simulation step in seconds")
+    parser.add_argument("--seed", type=int, default=4)
+    parser.add_argument("--json", type=Path, default=None, help="write the result JSON here")
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="write the CPU-share plot here (PNG)"
+    )
+
+
+def build_scenario(args: argparse.Namespace) -> scen.Scenario:
+    kw: dict[str, Any] = {}
+    if args.step is not None:
+        kw["step_seconds"] = args.step
+    if args.scenario.startswith("seed004"):
+        epochs = args.epochs or 80
+        return scen.seed004(
+            apps=args.apps,
+            arrivals=args.scenario.split("-")[1],
+            epochs=epochs,
+            seed=args.seed,
+            burst_start=min(40, epochs // 2),
+            burst_end=min(51, epochs // 2 + 11),
+            **kw,
+        )
+    if args.scenario == "wordcount":
+        return scen.wordcount(epochs=args.epochs or 20, seed=args.seed, **kw)
+    return scen.scale(
+        nodes=args.nodes, instances=args.instances, epochs=args.epochs or 4, seed=args.seed, **kw
+    )
+
+
+def ratios(policies: dict[str, dict[str, Any]], key: str = "classes") -> dict[str, Any]:
+    """Each policy's figures divided by err's, per class (1 - ratio = improvement)."""
+    base = policies.get("err")
+    if base is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name, res in policies.items():
+        per = {}
+        for cls, f in res[key].items():
+            b = base[key][cls]
+            per[cls] = {
+                m: (f[m] / b[m] if b[m] else None)
+                for m in ("latency_ms_mean", "latency_ms_p99", "violation_ratio")
+            }
+        out[name] = {
+            "classes": per,
+            "cpu_allocated": res["cpu_allocated_core_seconds"] / base["cpu_allocated_core_seconds"],
+        }
+    return out
+
+
+def must_checks(policies: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    if "dsched" not in policies or "err" not in policies:
+        return {}
+    out = {}
+    for key in ("classes", "classes_phase2"):
+        d, e = policies["dsched"][key]["gold"], policies["err"][key]["gold"]
+        viol_red = 1 - d["violation_ratio"] / e["violation_ratio"] if e["violation_ratio"] else None
+        lat_red = 1 - d["latency_ms_mean"] / e["latency_ms_mean"] if e["latency_ms_mean"] else None
+        out[key] = {
+            "gold_violation_reduction": viol_red,
+            "gold_latency_reduction": lat_red,
+            "violation_holds": viol_red is not None and viol_red >= MUST_GOLD_VIOLATION_REDUCTION,
+            "latency_holds": lat_red is not None and lat_red >= MUST_GOLD_LATENCY_REDUCTION,
+        }
+    return out
+
+
+def plot(path: Path, sc: scen.Scenario, policies: dict[str, dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [p for p in ("dsched", "err") if p in policies] or list(policies)[:1]
+    fig, axes = plt.subplots(1, len(shown) + 1, figsize=(5 * (len(shown) + 1), 4))
+    colors = {"gold": "#d4a017", "silver": "#8c8c8c", "bronze": "#a0522d"}
+    for ax, name in zip(axes, shown, strict=False):
+        series = policies[name]["per_epoch"]["cpu_allocated_cores"]
+        total = [sum(v) for v in zip(*series.values(), strict=True)]
+        for cls, vals in series.items():
+            share = [v / t if t else 0 for v, t in zip(vals, total, strict=True)]
+            ax.plot(range(1, len(vals) + 1), share, label=cls, color=colors.get(cls))
+        ax.set_title(f"{name}: CPU share per class")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("share of CPU allocated")
+        ax.set_ylim(0, 1)
+        ax.legend()
+    ax = axes[-1]
+    for name, res in policies.items():
+        vals = res["per_epoch"]["latency_ms_mean"].get("gold", [])
+        ax.plot(
+            range(1, len(vals) + 1),
+            [v if v is not None else float("nan") for v in vals],
+            label=name,
+        )
+    target = next((c.target_latency_ms for c in sc.qos if c.name == "gold"), None)
+    if target:
+        ax.axhline(target, color="k", linestyle="--", linewidth=1, label="gold target")
+    ax.set_yscale("log")
+    ax.set_title("gold mean latency per epoch")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"{sc.name}, {len(sc.apps)} applications")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown_table(doc: dict[str, Any], key: str = "classes") -> str:
+    """The per-policy, per-class figures of a result document as a Markdown table."""
+    rows = [
+        "| policy | class | mean ms | p99 ms | violation | mean vs err | violation vs err |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    ratio_key = "ratios_vs_err" if key == "classes" else "ratios_vs_err_phase2"
+    for name, res in doc["policies"].items():
+        for cls, f in res[key].items():
+            r = doc.get(ratio_key, {}).get(name, {}).get("classes", {}).get(cls, {})
+
+            def fmt(x: float | None, spec: str) -> str:
+                return "-" if x is None or x != x else format(x, spec)
+
+            rows.append(
+                f"| {name} | {cls} | {fmt(f['latency_ms_mean'], '.1f')} | {fmt(f['latency_ms_p99'], '.1f')} "
+                f"| {fmt(f['violation_ratio'], '.3f')} | {fmt(r.get('latency_ms_mean'), '.2f')} "
+                f"| {fmt(r.get('violation_ratio'), '.2f')} |"
+            )
+    return "\n".join(rows)
+
+
+def markdown_totals(doc: dict[str, Any]) -> str:
+    rows = [
+        "| policy | CPU allocated (core-s) | vs err | reconfigurations | nodes | wall s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, res in doc["policies"].items():
+        r = doc.get("ratios_vs_err", {}).get(name, {}).get("cpu_allocated")
+        rows.append(
+            f"| {name} | {res['cpu_allocated_core_seconds']:.0f} | {'-' if r is None else format(r, '.2f')} "
+            f"| {res['reconfigurations']} | {res['nodes_mean']:.1f} | {doc['wall_seconds'].get(name, 0):.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    sc = build_scenario(args)
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    for n in names:
+        make_policy(n)  # unknown names fail before any work
+    if args.scenario == "scale":
+        names = ["dsched"]
+    policies: dict[str, dict[str, Any]] = {}
+    wall: dict[str, float] = {}
+    extra: dict[str, Any] = {}
+    for name in names:
+        policy = make_policy(name)
+        rss0 = psutil.Process().memory_info().rss
+        t0 = time.perf_counter()
+        result = run_policy(sc, policy)
+        wall[name] = time.perf_counter() - t0
+        policies[name] = result.to_json()
+        if isinstance(policy, DschedPolicy):
+            times = policy.epoch_seconds
+            extra = {
+                "controller_epoch_seconds_median": statistics.median(times) if times else None,
+                "controller_epoch_seconds_max": max(times) if times else None,
+                "controller_peak_rss_bytes": policy.peak_rss_bytes,
+                "controller_rss_growth_bytes": policy.peak_rss_bytes - rss0,
+                "controller_config": policy.config_used,
+                "class_assignment": policy.class_assignment,
+                "controller_failed_epochs": policy.failed_epochs,
+                "directives": vars(policy.agents.log) if policy.agents else {},
+            }
+            policies[name].update({k: v for k, v in extra.items() if k != "directives"})
+            policy.close()
+        g = policies[name]["classes"].get("gold", {})
+        print(
+            f"{name:14s} {wall[name]:7.1f}s  gold mean {g.get('latency_ms_mean', float('nan')):9.1f} ms"
+            f"  viol {g.get('violation_ratio', float('nan')):.3f}",
+            flush=True,
+        )
+    figures: dict[str, Any] = {
+        "scenario": sc.name,
+        "apps": len(sc.apps),
+        "nodes": sc.nodes,
+        "cores": sc.total_cores,
+        "instances_dsched": sum(len(a.operators) for a in sc.apps),
+        "epochs": sc.epochs,
+        "epoch_seconds": sc.epoch_seconds,
+        "step_seconds": sc.step_seconds,
+        "seed": sc.seed,
+        "qos": [vars(c) for c in sc.qos],
+        "controller_features": controller_features(),
+        "policies": policies,
+        "ratios_vs_err": ratios(policies),
+        "ratios_vs_err_phase2": ratios(policies, "classes_phase2"),
+        "must": must_checks(policies),
+        "wall_seconds": wall,
+    }
+    if args.scenario == "scale":
+        figures.update(
+            {
+                k: extra.get(k)
+                for k in (
+                    "controller_epoch_seconds_median",
+                    "controller_epoch_seconds_max",
+                    "controller_peak_rss_bytes",
+                    "controller_rss_growth_bytes",
+                )
+            }
+        )
+    write_result(args.json, "sim", figures)
+    if args.plot is not None and args.scenario != "scale":
+        plot(args.plot, sc, policies)
+    return 0

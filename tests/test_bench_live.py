@@ -1,0 +1,322 @@
+"""`dsched bench live`: bad input refused before anything starts, a few-slot smoke
+run of the real command (controller, agent, cgroups), and Ctrl-C cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bench.live import (
+    CONTENDERS,
+    balanced_vocabulary,
+    operator_cpu_per_root_ms,
+    parse_trace_file,
+    scenario_levels,
+    wordcount_spec,
+)
+from testbed.live.static import Scale, static_caps
+
+DSCHED = str(Path(sys.executable).parent / "dsched")
+CPU = Path("/sys/fs/cgroup/cpu")
+METRICS = (
+    "latency_ms_mean",
+    "latency_ms_p99",
+    "throughput_tuples",
+    "failed",
+    "lost",
+    "cpu_allocated_core_seconds",
+    "cpu_used_core_seconds",
+    "workers_mean",
+    "nodes_mean",
+    "migrations",
+)
+
+
+def _bench(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([DSCHED, "bench", "live", *args], capture_output=True, text=True, **kw)
+
+
+def test_unknown_scenario_is_refused_before_anything_starts(tmp_path):
+    out, workdir = tmp_path / "r.json", tmp_path / "work"
+    p = subprocess.Popen(
+        [
+            DSCHED,
+            "bench",
+            "live",
+            "--scenario",
+            "wordcount-sideways",
+            "--duration",
+            "4",
+            "--json",
+            str(out),
+            "--workdir",
+            str(workdir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    text, _ = p.communicate(timeout=60)
+    assert p.returncode == 2
+    assert "--scenario" in text and "wordcount-sideways" in text
+    assert not out.exists() and not workdir.exists()
+    assert not (CPU / f"dsched-live-{p.pid}").exists()
+
+
+@pytest.mark.parametrize(
+    "content", ['[0.5, "lots", 0.2]', "0.1\n0.2\nabc\n", "", "[0.5, NaN]", "0.5\n-1\n", '{"a": 1}']
+)
+def test_trace_file_that_does_not_parse_is_refused(tmp_path, content):
+    trace = tmp_path / "trace.txt"
+    trace.write_text(content)
+    with pytest.raises(ValueError, match="--trace"):
+        parse_trace_file(trace)
+
+
+def test_trace_file_error_from_the_command_starts_nothing(tmp_path):
+    trace = tmp_path / "trace.json"
+    trace.write_text("[0.2, 0.4, oops]")
+    out = tmp_path / "r.json"
+    workdir = tmp_path / "work"
+    p = subprocess.Popen(
+        [
+            DSCHED,
+            "bench",
+            "live",
+            "--scenario",
+            "http",
+            "--trace",
+            str(trace),
+            "--json",
+            str(out),
+            "--workdir",
+            str(workdir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    text, _ = p.communicate(timeout=60)
+    assert p.returncode == 2
+    assert "--trace" in text and "does not parse" in text
+    assert not out.exists() and not workdir.exists()
+    assert not (CPU / f"dsched-live-{p.pid}").exists()
+
+
+def test_trace_file_parses_json_and_lines(tmp_path):
+    a = tmp_path / "a.json"
+    a.write_text("[0.1, 0.5, 1.0]")
+    b = tmp_path / "b.txt"
+    b.write_text("# level per slot\n0.1\n0.5  # midday\n\n1.0\n")
+    assert parse_trace_file(a).tolist() == parse_trace_file(b).tolist() == [0.1, 0.5, 1.0]
+
+
+def test_unknown_contender_and_equal_without_dsched_are_refused(tmp_path):
+    p = _bench(
+        "--scenario",
+        "http",
+        "--contenders",
+        "static-0.7,r-storm",
+        "--json",
+        str(tmp_path / "r.json"),
+        timeout=60,
+    )
+    assert p.returncode == 2 and "r-storm" in p.stderr
+    p = _bench(
+        "--scenario",
+        "http",
+        "--contenders",
+        "equal",
+        "--json",
+        str(tmp_path / "r.json"),
+        timeout=60,
+    )
+    assert p.returncode == 2 and "'equal'" in p.stderr
+
+
+def test_balanced_vocabulary_spreads_words_evenly_over_count_instances():
+    import zlib
+
+    words = balanced_vocabulary(20, 4)
+    assert len(set(words)) == 20
+    counts = [sum(zlib.crc32(w.encode()) % 4 == b for w in words) for b in range(4)]
+    assert counts == [5, 5, 5, 5]
+
+
+def test_wordcount_operators_cost_the_same_per_root():
+    per_op = operator_cpu_per_root_ms(wordcount_spec(), {"source": 1.0, "split": 5.0})
+    assert per_op == pytest.approx({"source": 1.5, "split": 1.5, "count": 1.5})
+
+
+def test_static_caps_keep_the_papers_proportions():
+    spec = wordcount_spec()
+    scale = Scale(1.8, 12)
+    c7 = static_caps("static-0.7", spec.operators, scale)
+    c3 = static_caps("static-0.3", spec.operators, scale)
+    assert sum(c * 4 for c in c7.values()) == pytest.approx(1.8)
+    assert c3["count"] / c7["count"] == pytest.approx(3 / 7)
+    assert scale.factor == pytest.approx(0.15 / 0.7)
+    eq = static_caps("equal", spec.operators, scale, {"source": 0.4, "split": 0.8, "count": 0.2})
+    assert eq == pytest.approx({"source": 0.1, "split": 0.2, "count": 0.05})
+    with pytest.raises(ValueError, match="equal_total_by_operator"):
+        static_caps("equal", spec.operators, scale)
+    with pytest.raises(ValueError, match="unknown static strategy"):
+        static_caps("static-0.5", spec.operators, scale)
+
+
+def test_regular_trace_rises_and_falls_twice_and_random_uses_levels_1_to_25():
+    reg = scenario_levels("wordcount-regular", 40, seed=1)
+    assert reg.max() == pytest.approx(1.0) and reg.min() == pytest.approx(0.1)
+    assert sum(1 for i in range(1, 40) if reg[i] == 1.0) == 2
+    rnd = scenario_levels("wordcount-random", 200, seed=1) * 25
+    assert set(rnd.round().astype(int)) <= set(range(1, 26)) and len(set(rnd)) > 15
+
+
+def test_smoke_few_slots_with_dsched_equal_and_uncapped(tmp_path, cgroup_v1_cpu):
+    out, png = tmp_path / "live.json", tmp_path / "live.png"
+    p = subprocess.run(
+        [
+            DSCHED,
+            "bench",
+            "live",
+            "--scenario",
+            "wordcount-regular",
+            "--duration",
+            "6",
+            "--warmup",
+            "2",
+            "--contenders",
+            "dsched,equal,uncapped",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    assert (
+        doc["scenario"] == "wordcount-regular" and doc["revision"] and doc["machine"]["cpu_count"]
+    )
+    assert doc["scale"]["capacity_cores"] == 1.6 and doc["scale"]["executors"] == 12
+    assert set(doc["contenders"]) == {"dsched", "equal", "uncapped"}
+    for name, c in doc["contenders"].items():
+        assert set(METRICS) <= set(c), name
+        assert c["completed"] > 0 and c["duplicated"] == 0, name
+        assert c["cpu_used_core_seconds"] > 0, name
+    unc = doc["contenders"]["uncapped"]
+    assert unc["lost"] == 0
+    # Uncapped instances are charged the whole capacity for the whole trace.
+    assert unc["cpu_allocated_core_seconds"] == pytest.approx(1.6 * 6, rel=0.15)
+    # The dsched run read the controller's decisions and its caps from the agent's cgroups.
+    d = doc["contenders"]["dsched"]
+    assert d["decisions"] >= 1
+    assert any(v > 0 for v in d["allocated_cores_mean_by_operator"].values())
+    assert set(doc["ratios"]) == {"equal", "uncapped"}
+    assert png.stat().st_size > 0 and png.with_name("live-allocation.png").stat().st_size > 0
+    assert not list(CPU.glob("dsched-live-*/testbed/wordcount"))
+    assert set(CONTENDERS) >= set(doc["contenders"])
+
+
+def _reservation_has_tasks(top: Path) -> bool:
+    testbed = top / "testbed"
+    if not testbed.is_dir():
+        return False
+    return any(
+        (d / "tasks").read_text().strip() for d in [testbed, *testbed.rglob("*")] if d.is_dir()
+    )
+
+
+def test_sigint_stops_every_worker_and_removes_every_cgroup(tmp_path, cgroup_v1_cpu):
+    p = subprocess.Popen(
+        [
+            DSCHED,
+            "bench",
+            "live",
+            "--scenario",
+            "wordcount-regular",
+            "--duration",
+            "120",
+            "--contenders",
+            "dsched",
+            "--json",
+            str(tmp_path / "r.json"),
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    top = cgroup_v1_cpu / f"dsched-live-{p.pid}"
+    try:
+        deadline = time.monotonic() + 60
+        # Wait until the agent has put capped instances into cgroups of their own.
+        while not any((top / "testbed").glob("*/*/*/tasks")) or not _reservation_has_tasks(top):
+            assert p.poll() is None, p.stdout.read()
+            assert time.monotonic() < deadline, "the run never reached its cgroups"
+            time.sleep(0.2)
+        children = psutil.Process(p.pid).children(recursive=True)
+        names = " ".join(" ".join(c.cmdline()) for c in children)
+        assert "dsched-controller" in names and "dsched-agent" in names
+        assert sum("hashlib" in " ".join(c.cmdline()) for c in children) == 12  # CPU workers
+        p.send_signal(signal.SIGINT)
+        text, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, text
+    assert "interrupted" in text
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [c.pid for c in alive]
+    assert not top.exists(), sorted(str(x) for x in top.rglob("*") if x.is_dir())
+    assert not (tmp_path / "r.json").exists()
+    assert os.path.exists(tmp_path / "w")  # the logs stay for a post-mortem
+
+
+def test_http_monitor_counters_report_closed_windows_and_alarm_flags_bursts():
+    from testbed.live import http_monitor as hm
+    from testbed.live.engine import Tuple
+
+    now = [0.0]
+    count = hm.windowed_counter("country", clock=lambda: now[0])
+    state: dict = {}
+    rec = hm.parse_line("10.1.2.3 DE as3320 GET / 200")
+    assert rec["prefix"] == "10.1.0.0/16" and rec["country"] == "DE"
+    reports = []
+    # Ten quiet windows of 5 requests, then a burst of 40.
+    for n in [5] * 10 + [40, 1]:
+        for _ in range(n):
+            reports += count(Tuple(0, (), 0.0, "k", rec), state)
+        now[0] += hm.WINDOW_SECONDS
+    assert [r[1][2] for r in reports] == [5] * 10 + [40]
+    assert reports[-1][1][3] == pytest.approx(5.0)  # the normal value before the burst
+    alarm_state: dict = {}
+    for key, value in reports:
+        hm._alarm(Tuple(0, (), 0.0, key, value), alarm_state)
+    assert alarm_state["reports"] == 11 and len(alarm_state["alarms"]) == 1
+
+
+def test_http_monitor_refuses_bad_lines_and_unknown_costs():
+    from testbed.live import http_monitor as hm
+
+    with pytest.raises(ValueError, match="access-log"):
+        hm.parse_line("garbage")
+    with pytest.raises(ValueError, match="IPv4"):
+        hm.parse_line("10.1.2 DE as3320 GET / 200")
+    with pytest.raises(ValueError, match="costs_ms"):
+        hm.http_monitor(costs_ms={"sink": 1.0})

@@ -103,6 +103,7 @@ class ControllerLink:
         self._lock = threading.Lock()
         self._session: _Session | None = None
         self._call = None
+        self._channel: grpc.Channel | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="controller-link", daemon=True)
         self.connected = threading.Event()
@@ -162,6 +163,9 @@ class ControllerLink:
             attempt += 1
             log.info("controller %s unreachable; retrying in %.1f s", self.target, delay)
             self._stop.wait(delay)
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
     def _wait_ready(self, channel: grpc.Channel) -> bool:
         future = grpc.channel_ready_future(channel)
@@ -177,7 +181,12 @@ class ControllerLink:
 
     def _stream_once(self) -> bool:
         """One connection; True if it was established."""
-        channel = make_channel(self.target, self.tls)
+        # A channel that never connected is kept for the next attempt: building
+        # and tearing one down every backoff period is the costliest part of
+        # waiting for an absent controller. After a broken stream a new one is made.
+        if self._channel is None:
+            self._channel = make_channel(self.target, self.tls)
+        channel = self._channel
         established = False
         session = _Session()
         try:
@@ -223,5 +232,7 @@ class ControllerLink:
                 session.outbox.put(_END)
             self.connected.clear()
             self.metrics.connected.set(0)
-            channel.close()
+            if established or self._stop.is_set():
+                channel.close()
+                self._channel = None
         return established

@@ -103,7 +103,9 @@ class NodeAgent:
             if config.capacity_cores > self.capacity_cores:
                 log.warning(
                     "capacity_cores %.2f exceeds the node's %.0f CPUs; using %.0f",
-                    config.capacity_cores, self.capacity_cores, self.capacity_cores,
+                    config.capacity_cores,
+                    self.capacity_cores,
+                    self.capacity_cores,
                 )
             self.capacity_cores = min(config.capacity_cores, self.capacity_cores)
             try:
@@ -194,10 +196,7 @@ class NodeAgent:
         """New cumulative counters; ``counters`` may be the whole wire message (extra keys
         are ignored)."""
         try:
-            key = self.registry.known_key(app, operator, instance) or make_key(
-                app, operator, instance
-            )
-            self.registry.update(key, counters)
+            self.registry.update_named(app, operator, instance, counters)
         except RegistrationError as exc:
             self._reject(exc)
             raise
@@ -567,9 +566,7 @@ class NodeAgent:
             # An instance first seen mid-slot is measured from its first sample.
             span = min(elapsed, now - cpu.slot_started) if cpu.slot_started else elapsed
             usage = (
-                max(0.0, (total - cpu.at_slot_start) / span)
-                if cpu.sampled and span > 0
-                else 0.0
+                max(0.0, (total - cpu.at_slot_start) / span) if cpu.sampled and span > 0 else 0.0
             )
             cpu.at_slot_start, cpu.slot_started = total, now
             c = rec.counters

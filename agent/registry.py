@@ -144,9 +144,11 @@ def check_counters(values: dict[str, Any], previous: Counters) -> Counters:
             out.append(old)
             continue
         unchanged = False
-        if (kind is int or (kind is float and not whole and value < _INF)) and (
-            value >= old if not gauge else value >= 0
-        ) and value >= 0:
+        if (
+            (kind is int or (kind is float and not whole and value < _INF))
+            and (value >= old if not gauge else value >= 0)
+            and value >= 0
+        ):
             out.append(value)
         else:
             out.append(_checked_value(name, value, previous))
@@ -171,9 +173,9 @@ class Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: dict[InstanceKey, InstanceRecord] = {}
-        # Names as they arrive on the wire -> their checked key. Only keys that
+        # The same records by names as they arrive on the wire. Only keys that
         # passed make_key get in, so an exact-type hit needs no name check again.
-        self._keys: dict[tuple[str, str, int], InstanceKey] = {}
+        self._by_name: dict[tuple[str, str, int], InstanceRecord] = {}
         self._threads = 0
         self._generation = 0
 
@@ -181,15 +183,22 @@ class Registry:
     def generation(self) -> int:
         return self._generation
 
-    def known_key(self, app: Any, operator: Any, instance: Any) -> InstanceKey | None:
-        """The key of a registered instance named exactly so, without re-checking names.
+    def update_named(
+        self, app: Any, operator: Any, instance: Any, values: dict[str, Any]
+    ) -> Counters:
+        """:meth:`update` for names as they arrive from an instance, checked only when
+        they do not name a registered instance exactly.
 
-        Exact types matter: ``True == 1`` and ``1.0 == 1`` would otherwise find
-        the key of instance 1 for values make_key refuses.
+        Exact types matter: ``True == 1`` and ``1.0 == 1`` would otherwise reach
+        instance 1 with values make_key refuses.
         """
-        if type(app) is not str or type(operator) is not str or type(instance) is not int:
-            return None
-        return self._keys.get((app, operator, instance))
+        if type(app) is str and type(operator) is str and type(instance) is int:
+            with self._lock:
+                rec = self._by_name.get((app, operator, instance))
+                if rec is not None:
+                    rec.counters = check_counters(values, rec.counters)
+                    return rec.counters
+        return self.update(make_key(app, operator, instance), values)
 
     def register(
         self,
@@ -231,7 +240,7 @@ class Registry:
                 self._threads -= len(rec.tids)
             rec = InstanceRecord(key, worker, stateful, pid, {tid}, source, upstream=upstream)
             self._records[key] = rec
-            self._keys[(key.app, key.operator, key.instance)] = key
+            self._by_name[(key.app, key.operator, key.instance)] = rec
             self._threads += 1
             self._generation += 1
             return _copy(rec)
@@ -250,7 +259,7 @@ class Registry:
         with self._lock:
             rec = self._records.pop(key, None)
             if rec is not None:
-                self._keys.pop((key.app, key.operator, key.instance), None)
+                self._by_name.pop((key.app, key.operator, key.instance), None)
                 self._threads -= len(rec.tids)
                 self._generation += 1
             return rec

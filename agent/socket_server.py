@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 KNOWN_OPS = frozenset({"register", "update", "updates", "unregister"})
 
 
-
 def peer_credentials(sock: socket.socket) -> tuple[int, int]:
     """(pid, uid) of the process at the other end of a Unix socket."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -69,7 +68,11 @@ def handle_message(agent: NodeAgent, msg: Any, peer_pid: int, peer_uid: int) -> 
                     "pid_mismatch", f"process {peer_pid} may not register threads of process {pid}"
                 )
             agent.register(
-                *ident, msg.get("worker"), msg.get("stateful"), pid, msg.get("tid"),
+                *ident,
+                msg.get("worker"),
+                msg.get("stateful"),
+                pid,
+                msg.get("tid"),
                 upstream=msg.get("upstream", ()),
             )
         elif op == "updates":
@@ -143,6 +146,7 @@ class RegistrationServer(socketserver.ThreadingMixIn, socketserver.UnixStreamSer
         super().__init__(str(self.path), _Handler)
         os.chmod(self.path, 0o666)
         self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
         self._clients: set[socket.socket] = set()
         self._clients_lock = threading.Lock()
 
@@ -157,16 +161,35 @@ class RegistrationServer(socketserver.ThreadingMixIn, socketserver.UnixStreamSer
         super().shutdown_request(request)
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="registration",
-            daemon=True,
-        )
+        self._thread = threading.Thread(target=self._accept_loop, name="registration", daemon=True)
         self._thread.start()
 
+    def _accept_loop(self) -> None:
+        # A blocking accept instead of serve_forever's select with a timeout: the
+        # agent does not wake up several times a second for nothing. stop()
+        # shuts the listening socket down, which ends the accept.
+        while not self._closing.is_set():
+            try:
+                request, client_address = self.get_request()
+            except OSError as exc:
+                if not self._closing.is_set():
+                    log.warning("registration socket accept failed: %s", exc)
+                    self._closing.wait(0.1)
+                continue
+            try:
+                self.process_request(request, client_address)
+            except Exception:  # noqa: BLE001 - one bad client must not stop the server
+                self.handle_error(request, client_address)
+                self.shutdown_request(request)
+
     def stop(self) -> None:
-        self.shutdown()
+        self._closing.set()
+        try:
+            self.socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         self.server_close()
         # Clients must see the agent go away, as they would if its process died.
         with self._clients_lock:

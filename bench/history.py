@@ -7,8 +7,9 @@ Two phases on one Spark session (``--master``, default local[2]):
    ``--backlog-slots`` spool files of ``--instances`` instance samples (plus node
    samples) is written, then a fresh streaming query drains it; samples/s =
    samples / time from query start to the last window written. The Spark session is
-   already up; its start-up is reported apart, and so is the machine's load average,
-   since the figure scales with the CPU the job actually gets;
+   already up; its start-up is reported apart, and so are the machine's load average
+   and the CPU-seconds the job used (samples per CPU-second does not depend on how
+   many other processes share the machine; samples/s does);
 2. delay: the job runs embedded as in the controller (trigger ``--trigger-seconds``)
    while slots of ``--slot-seconds`` are published in real time at each slot's end;
    for every slot, the delay from the slot's end until the controller's reader
@@ -62,6 +63,20 @@ def _samples(slot: int, instances: int, nodes: int) -> tuple[list[dict], list[di
     return inst, node
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and its children (the Spark JVM) so far."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
 def _backlog(spark, base: Path, args, slots: int, name: str) -> dict:
     from controller.history import HistoryReader
     from controller.spool import SpoolWriter
@@ -78,14 +93,20 @@ def _backlog(spark, base: Path, args, slots: int, name: str) -> dict:
         writer.write_slot(slot, t0 + slot * args.slot_seconds, args.slot_seconds, inst, nodes,
                           {"slot": slot})
     write_seconds = time.perf_counter() - write_started
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu_seconds()
     job.run_available(spark, config)
     seconds = time.perf_counter() - started
+    cpu_seconds = _cpu_seconds() - cpu_started
     samples = slots * (args.instances + args.nodes)
     windows = len(HistoryReader(config).operator_history("app0", "op0", slots))
     if windows != slots:
         raise RuntimeError(f"expected {slots} windows of app0/op0, read {windows}")
+    cores = min(2, os.cpu_count() or 1)
     return {"samples": samples, "seconds": seconds, "samples_per_second": samples / seconds,
+            "cpu_seconds": cpu_seconds, "samples_per_cpu_second": samples / cpu_seconds,
+            # What the same work would take with `cores` cores to itself, assuming both are
+            # kept busy as they are on an idle machine; a projection, not a measurement.
+            "samples_per_second_on_idle_cores_projected": cores * samples / cpu_seconds,
             "spool_write_seconds": write_seconds, "spool_bytes": writer.bytes,
             "windows_of_one_operator": windows}
 
@@ -165,6 +186,9 @@ def run(args) -> int:
             load_before = os.getloadavg()[0]
             throughput = _backlog(spark, base, args, args.backlog_slots, "throughput")
             throughput["load_average_1min"] = [load_before, os.getloadavg()[0]]
+            print(f"history: backlog {throughput['samples']} samples in "
+                  f"{throughput['seconds']:.2f} s = {throughput['samples_per_second']:.0f} samples/s",
+                  flush=True)
             delay = _delay(base, args)
         finally:
             spark.stop()
@@ -179,6 +203,7 @@ def run(args) -> int:
         "trigger_seconds": args.trigger_seconds,
         "instances_per_slot": args.instances,
         "nodes_per_slot": args.nodes,
+        "samples_per_cpu_second": throughput["samples_per_cpu_second"],
         "backlog": throughput,
         "session_start_seconds": session_seconds,
         "lag_seconds_at_end": delay["lag_seconds_at_end"],

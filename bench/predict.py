@@ -294,10 +294,12 @@ def plot(path: Path, series: np.ndarray, rows: list[dict[str, Any]]) -> None:
             by_u.setdefault(r["utilization"], []).append(r["relative_error"])
         us = sorted(by_u)
         ax2.plot(us, [100 * statistics.median(by_u[u]) for u in us], marker=marker, label=f"M={m}")
+    # Symmetric log: errors span from a few percent to thousands at low load.
+    ax2.set_yscale("symlog", linthresh=10)
     ax2.axhspan(-10, 10, color="green", alpha=0.1)
     ax2.axhline(0, color="black", lw=0.5)
     ax2.set_xlabel("utilization")
-    ax2.set_ylabel("median relative error of W (%)")
+    ax2.set_ylabel("median relative error of W (%), symlog")
     ax2.set_title("Allen-Cunneen vs simulation (Ca2, Cs2 <= 1)")
     ax2.legend()
     fig.tight_layout()

@@ -215,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
             extra = {
                 "controller_epoch_seconds_median": statistics.median(times) if times else None,
                 "controller_epoch_seconds_max": max(times) if times else None,
+                "controller_epoch_cpu_seconds_median": (
+                    statistics.median(policy.epoch_cpu_seconds) if policy.epoch_cpu_seconds else None
+                ),
                 "controller_peak_rss_bytes": policy.peak_rss_bytes,
                 "controller_rss_growth_bytes": policy.peak_rss_bytes - rss0,
                 "controller_config": policy.config_used,

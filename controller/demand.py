@@ -10,7 +10,7 @@ meets the operator's budget (service rate per instance ``mu = cap / kappa``).
 The wrapped estimator's demand (the rate demand psi * kappa / T) stays the floor,
 and the usual composition adds the backlog drain and the minimum cap around it:
 
-    WithFloor(WithBacklogDrain(WithLatencyTarget(RateDemand(), budgets), ...), ...)
+    WithFloor(WithBacklogDrain(WithLatencyTarget(RateDemand(), needs), ...), ...)
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from controller.model import InstanceKey, OperatorKey, topological_order
 from controller.pipeline import DemandEstimator, InstanceDemand, OperatorForecast, OperatorView
-from predict.queueing import min_service_rate_for_sojourn
+from predict.queueing import min_service_rate_for_sojourn_many
 
 # A thread cannot use more than one core: a cap above it buys no latency.
 MAX_INSTANCE_CORES = 1.0
@@ -72,25 +74,48 @@ def latency_budgets(
     return out
 
 
+def latency_needs(
+    views: Mapping[OperatorKey, OperatorView],
+    forecasts: Mapping[OperatorKey, OperatorForecast],
+    budgets: Mapping[OperatorKey, float],
+    ca2: float = 1.0,
+    cs2: float = 1.0,
+) -> dict[OperatorKey, float]:
+    """Per operator, the smallest per-instance cap meeting its latency budget,
+    solved for all operators at once (vectorized bisection)."""
+    keys = [
+        k
+        for k in views
+        if k in budgets and forecasts[k].kappa > 0 and forecasts[k].rate > 0 and views[k].instances
+    ]
+    if not keys:
+        return {}
+    mu = min_service_rate_for_sojourn_many(
+        np.array([budgets[k] for k in keys]),
+        np.array([forecasts[k].rate for k in keys]),
+        np.array([len(views[k].instances) for k in keys], dtype=float),
+        ca2,
+        cs2,
+    )
+    kappa = np.array([forecasts[k].kappa for k in keys])
+    return dict(zip(keys, (mu * kappa).tolist(), strict=True))
+
+
 @dataclass
 class WithLatencyTarget:
-    """Raise demand to the smallest cap that meets the operator's latency budget."""
+    """Raise demand to the smallest cap that meets the operator's latency budget
+    (``needs`` from :func:`latency_needs`, per-instance cores by operator)."""
 
     inner: DemandEstimator
-    budgets: Mapping[OperatorKey, float]
-    ca2: float = 1.0
-    cs2: float = 1.0
+    needs: Mapping[OperatorKey, float]
 
     def estimate(
         self, view: OperatorView, fc: OperatorForecast
     ) -> dict[InstanceKey, InstanceDemand]:
         base = self.inner.estimate(view, fc)
-        budget = self.budgets.get(view.key)
-        if budget is None or fc.kappa <= 0 or fc.rate <= 0 or not base:
+        need = self.needs.get(view.key)
+        if need is None:
             return base
-        need = fc.kappa * min_service_rate_for_sojourn(
-            budget, fc.rate, len(view.instances), self.ca2, self.cs2
-        )
         reason = "latency"
         if need > MAX_INSTANCE_CORES:
             need, reason = MAX_INSTANCE_CORES, "latency-unreachable"

@@ -77,7 +77,7 @@ def evaluate(state: ClusterState, phi: int) -> dict[OperatorKey, OperatorView]:
         # recency (the k-th newest slot of each) over the slots all of them have.
         n = min(phi, min(len(h.slots) for h in hists))
         rows = [list(h.slots)[-n:] for h in hists]
-        secs = np.array([np.mean([r[i].seconds for r in rows]) for i in range(n)])
+        secs = np.array([sum(r[i].seconds for r in rows) / len(rows) for i in range(n)])
 
         def per_second(attr: str, rows=rows, secs=secs, n=n) -> np.ndarray:
             return np.array([sum(getattr(r[i], attr) for r in rows) for i in range(n)]) / secs
@@ -183,9 +183,11 @@ def forecast(
     if sources is not None:
         sources.begin_epoch()
     out: dict[OperatorKey, OperatorForecast] = {}
-    apps = sorted({k.app for k in views})
-    for app in apps:
-        ops = {k.operator: v for k, v in views.items() if k.app == app}
+    by_app: dict[str, dict[str, OperatorView]] = {}
+    for k, v in views.items():
+        by_app.setdefault(k.app, {})[k.operator] = v
+    for app in sorted(by_app):
+        ops = by_app[app]
         trended = {
             op: max(0.0, float(trend.forecast(v.arrivals, horizon=1)[0])) for op, v in ops.items()
         }

@@ -63,6 +63,9 @@ def spark_session(config: HistoryConfig, app_name: str = "dsched-history"):
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+        # A micro-batch names each new spool file as a path; above this many paths Spark
+        # would start a listing job with one task per file just to stat them.
+        .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "1000000")
         # The sink hands each micro-batch's windows to pandas; Arrow makes that columnar.
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
@@ -253,7 +256,10 @@ class HistorySink:
             bad = quarantine_records(groups, batch_id)
             write_partitioned(bad, cfg.quarantine_table_dir, S.QUARANTINE_TABLE, batch_id,
                               date_column=None)
-            self._move_quarantined(bad["source_file"].tolist())
+            for row in bad.itertuples():
+                log.warning("quarantined spool file %s: %s (%d lines)", row.source_file,
+                            row.reason, row.lines)
+            self._move_quarantined(sorted(set(bad["source_file"])))
         self._update_progress(groups, batch_id)
         self.batches += 1
         self.last_batch_id = batch_id

@@ -11,7 +11,12 @@ import pytest
 from controller.config import ControllerConfig, QosClassConfig, QosConfig
 from controller.core import Controller
 from controller.ctl import main as ctl_main
-from controller.demand import WithLatencyTarget, critical_path_weights, latency_budgets
+from controller.demand import (
+    WithLatencyTarget,
+    critical_path_weights,
+    latency_budgets,
+    latency_needs,
+)
 from controller.model import InstanceKey, OperatorKey
 from controller.pipeline import RateDemand, evaluate, forecast
 from controller.server import serve
@@ -241,7 +246,7 @@ def test_latency_budgets_split_the_target_along_the_critical_path(tmp_path, cloc
     fcs = forecast(views, 5)
     budgets = latency_budgets(views, fcs, {"x": 0.05})
     assert sum(budgets.values()) == pytest.approx(0.05)  # one chain: all on the critical path
-    est = WithLatencyTarget(RateDemand(), budgets)
+    est = WithLatencyTarget(RateDemand(), latency_needs(views, fcs, budgets))
     for op, v in views.items():
         d = est.estimate(v, fcs[op])[InstanceKey("x", op.operator, 0)]
         rate_only = RateDemand().estimate(v, fcs[op])[InstanceKey("x", op.operator, 0)]

@@ -28,7 +28,7 @@ def test_simulator_deterministic_service_matches_pollaczek_khinchine():
 
 
 def test_one_step_errors_scores_every_predictor():
-    series = 50.0 + 2.0 * np.arange(80, dtype=float)
+    series = 50.0 + 2.0 * np.arange(50, dtype=float)
     scores = one_step_errors(series, warmup=30)
     assert set(scores) == {"last_value", "linear_trend", "arima", "max_rule"}
     # A straight line: the linear trend is exact, last value is off by the slope.

@@ -196,7 +196,7 @@ def test_forecasts_are_never_nan(history):
         assert np.all(np.isfinite(predictor.forecast(history, 2)))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(st.lists(st.floats(0.0, 1e4), min_size=20, max_size=40))
 def test_arima_never_raises_or_returns_nan_on_ordinary_data(history):
     result = Arima(max_p=1, max_q=1).predict(history, 2)

@@ -179,3 +179,19 @@ def test_weibull_and_trace_arrivals_keep_their_mean_rate():
     sc = Scenario("x", 1, 1.0, (w, tr), epochs=2, epoch_seconds=10.0)
     times, apps = all_arrivals(sc)
     assert np.all(np.diff(times) >= 0) and set(apps.tolist()) == {0, 1}
+
+
+def test_a_slow_instance_with_merged_backlog_still_finishes_messages_every_epoch():
+    # A tight cap and a backlog far beyond the ring: cohorts merge, and the
+    # merged cohort must still finish messages steadily rather than all at once.
+    sc = _chain(epochs=8)
+    sim = ClusterSim(sc, max_parallelism=1)
+    _layout(sim, 1)
+    sim.set_caps(np.array([0]), np.array([0.01]))  # ~2.5 messages/s against 40/s
+    done = []
+    for _ in range(sc.epochs):
+        before = int(sim.executed[0])
+        sim.run_steps(sc.steps_per_epoch)
+        done.append(int(sim.executed[0]) - before)
+    assert sim.size[0] == 32 and sim.queued[0] > 200  # the ring is full, cohorts merged
+    assert min(done[1:]) >= 2 and max(done) <= 15  # about 5 per 2-s epoch

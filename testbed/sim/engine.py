@@ -131,6 +131,7 @@ class ClusterSim:
         self.q_birth = np.zeros(n * RING)
         self.q_arr = np.zeros(n * RING)
         self.q_start = np.full(n * RING, np.nan)
+        self.q_frac = np.zeros(n * RING)  # messages of a partly served cohort, fractional part
         self.head = np.zeros(n, dtype=np.int64)
         self.size = np.zeros(n, dtype=np.int64)
         self.queued = np.zeros(n, dtype=np.int64)
@@ -296,6 +297,7 @@ class ClusterSim:
         self.q_birth[pos] = np.where(fresh, 0.0, self.q_birth[pos]) + birth
         self.q_arr[pos] = np.where(fresh, arr, self.q_arr[pos])
         self.q_start[pos] = np.where(fresh, np.nan, self.q_start[pos])
+        self.q_frac[pos] = np.where(fresh, 0.0, self.q_frac[pos])
         self.size[inst] += fresh
         self.queued[inst] += n
         self.queued_work[inst] += work
@@ -351,7 +353,11 @@ class ClusterSim:
                 ip, hp = inst[part], h[part]
                 served = r[part] * (t1 - begin[part])
                 n = self.q_count[hp]
-                m = np.minimum(np.floor(n * served / self.q_work[hp]).astype(np.int64), n - 1)
+                # Progress accumulates across steps: a slow instance finishes a
+                # message of a large cohort after several steps, not never.
+                progress = self.q_frac[hp] + n * served / self.q_work[hp]
+                m = np.minimum(np.floor(progress).astype(np.int64), n - 1)
+                self.q_frac[hp] = np.where(m < n - 1, progress - m, 0.0)
                 self.q_work[hp] -= served
                 self.queued_work[ip] -= served
                 busy_time[ip] += t1 - begin[part]

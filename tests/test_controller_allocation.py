@@ -1,0 +1,133 @@
+"""Division of CPU: the qos-dp allocator, anti-saturation per node, latency values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller import hysteresis
+from controller.allocation import (
+    AppLatencyModel,
+    QosDpAllocator,
+    fit_nodes,
+    latency_values,
+    violation_ratio,
+)
+from controller.model import InstanceKey
+from controller.pipeline import InstanceDemand, fit_quantized_caps
+from controller.qos import QosClass
+
+GOLD = QosClass("gold", 100.0, 0.01, 8.0)
+SILVER = QosClass("silver", 500.0, 0.1, 3.0)
+BRONZE = QosClass("bronze", 2000.0, 0.5, 1.0)
+
+
+def demands(spec):
+    """spec: (app, instance, node, cores) rows."""
+    return {
+        InstanceKey(app, "op", i): InstanceDemand(InstanceKey(app, "op", i), node, cores, "rate")
+        for app, i, node, cores in spec
+    }
+
+
+def test_gold_first_then_bronze_never_below_floor():
+    d = demands(
+        [("g", 0, "n1", 0.6), ("g", 1, "n2", 0.6), ("b", 0, "n1", 0.6), ("b", 1, "n2", 0.6)]
+    )
+    alloc = QosDpAllocator(headroom_cores=0.0, floor_cores=0.05, theta_cores=0.05).allocate(
+        d, {"n1": 1.0, "n2": 1.0}, {"g": GOLD, "b": BRONZE}
+    )
+    assert alloc.apps["g"].allocated_cores == pytest.approx(1.2)
+    assert alloc.apps["b"].allocated_cores == pytest.approx(0.8)
+    assert all(c >= 0.05 - 1e-12 for c in alloc.cores.values())
+    assert sum(alloc.cores.values()) <= 2.0 + 1e-9
+    assert set(alloc.cut) == {InstanceKey("b", "op", 0), InstanceKey("b", "op", 1)}
+    assert all("qos-dp" in r for r in alloc.cut_reason.values())
+
+
+def test_node_overflow_is_cut_from_the_lightest_class_on_that_node_and_reported():
+    # The cluster has room, node n1 does not: n1's bronze is cut, n2 untouched.
+    d = demands([("g", 0, "n1", 0.8), ("b", 0, "n1", 0.5), ("b", 1, "n2", 0.2)])
+    alloc = QosDpAllocator(headroom_cores=0.1, floor_cores=0.05).allocate(
+        d, {"n1": 1.0, "n2": 1.0}, {"g": GOLD, "b": BRONZE}
+    )
+    assert alloc.cores[InstanceKey("g", "op", 0)] == pytest.approx(0.8)
+    assert alloc.cores[InstanceKey("b", "op", 0)] == pytest.approx(0.1)
+    assert alloc.cores[InstanceKey("b", "op", 1)] == pytest.approx(0.2)
+    assert alloc.overflow == {"n1": pytest.approx(0.4)}
+    assert "node n1 full" in alloc.cut_reason[InstanceKey("b", "op", 0)]
+
+
+def test_equal_weights_share_in_proportion_to_demand():
+    d = demands([("a", 0, "n1", 1.0), ("c", 0, "n1", 3.0)])
+    alloc = QosDpAllocator(headroom_cores=0.0, floor_cores=0.0001, theta_cores=0.01).allocate(
+        d, {"n1": 2.0}, {"a": SILVER, "c": SILVER}
+    )
+    ratio_a = alloc.cores[InstanceKey("a", "op", 0)] / 1.0
+    ratio_c = alloc.cores[InstanceKey("c", "op", 0)] / 3.0
+    assert ratio_a == pytest.approx(ratio_c, rel=1e-3) and ratio_a == pytest.approx(0.5, rel=1e-2)
+
+
+def test_fit_nodes_scales_floors_when_even_floors_do_not_fit():
+    out, over = fit_nodes(
+        np.array([0.5, 0.5, 0.5]),
+        np.array([0, 0, 0]),
+        np.array([1.0, 1.0, 8.0]),
+        np.array([0.5, 0.5, 0.5]),
+        np.array([1.0]),
+    )
+    assert out.sum() == pytest.approx(1.0) and over[0] == pytest.approx(0.5)
+
+
+def test_quantized_caps_lose_their_margins_before_anything_else():
+    keys = [InstanceKey("g", "op", 0), InstanceKey("b", "op", 0)]
+    memory = {k: hysteresis.HysteresisState() for k in keys}
+    alloc = {keys[0]: 0.52, keys[1]: 0.3}
+    steps = {k: hysteresis.step(memory[k], alloc[k], 0.1) for k in keys}  # 0.6 + margin each
+    fitted = fit_quantized_caps(
+        steps,
+        memory,
+        alloc,
+        dict.fromkeys(keys, "n1"),
+        {keys[0]: 8.0, keys[1]: 1.0},
+        {"n1": 0.85},
+        0.05,
+    )
+    assert fitted[keys[1]].cap == pytest.approx(0.3)  # bronze margin gone first
+    assert fitted[keys[0]].cap == pytest.approx(0.55)  # then gold's, down to the room
+    assert memory[keys[0]].cap == pytest.approx(0.55)
+    assert sum(s.cap for s in fitted.values()) <= 0.85 + 1e-9
+
+
+def model(rate=100.0, kappa=0.002):
+    return AppLatencyModel(
+        arrival_rate=np.array([rate]),
+        instances=np.array([1.0]),
+        kappa=np.array([kappa]),
+        share=np.array([1.0]),
+        parents=((),),
+        floor_cores=np.array([0.05]),
+    )
+
+
+def test_latency_values_rise_with_cpu_and_stop_at_demand():
+    vals = latency_values(model(), 0.5, GOLD, 0.05)
+    assert len(vals) == 11 and np.all(np.diff(vals) >= 0)
+    assert vals[0] == 0.0  # 0.05 cores cannot serve 0.2 cores of load: all late
+    assert vals[-1] == pytest.approx(GOLD.weight * 0.5)
+    lat = model().latency_seconds(np.array([0.55 - 0.05]))
+    assert violation_ratio(lat, GOLD.target_seconds)[0] < GOLD.max_violation_ratio
+
+
+def test_latency_valued_allocator_prefers_gold():
+    d = demands([("g", 0, "n1", 0.5), ("b", 0, "n1", 0.5)])
+    models = {"g": model(), "b": model()}
+    alloc = QosDpAllocator(headroom_cores=0.0, floor_cores=0.05, value="latency").allocate(
+        d, {"n1": 0.7}, {"g": GOLD, "b": BRONZE}, models
+    )
+    gold = alloc.cores[InstanceKey("g", "op", 0)]
+    bronze = alloc.cores[InstanceKey("b", "op", 0)]
+    # Gold gets what meets its bound (not necessarily all its demand), bronze the rest.
+    lat = model().latency_seconds(np.array([gold - 0.05]))
+    assert violation_ratio(lat, GOLD.target_seconds)[0] <= GOLD.max_violation_ratio
+    assert gold + bronze == pytest.approx(0.7) and gold > bronze

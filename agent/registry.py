@@ -200,6 +200,37 @@ class Registry:
                     return rec.counters
         return self.update(make_key(app, operator, instance), values)
 
+    def update_many(self, items: list[Any]) -> list[tuple[int, RegistrationError]]:
+        """Apply a batch of updates under one lock; each item is a dict with ``app``,
+        ``operator``, ``instance`` and the counters. Returns the refused items as
+        (index, error); the others are applied."""
+        refused: list[tuple[int, RegistrationError]] = []
+        by_name, records = self._by_name, self._records
+        with self._lock:
+            for index, item in enumerate(items):
+                try:
+                    if type(item) is not dict:
+                        raise RegistrationError("bad_message", "batch item must be a JSON object")
+                    app, operator, instance = (
+                        item.get("app"),
+                        item.get("operator"),
+                        item.get("instance"),
+                    )
+                    rec = None
+                    if type(app) is str and type(operator) is str and type(instance) is int:
+                        rec = by_name.get((app, operator, instance))
+                    if rec is None:
+                        key = make_key(app, operator, instance)
+                        rec = records.get(key)
+                        if rec is None:
+                            raise RegistrationError(
+                                "unknown_instance", f"update for unregistered instance {key}"
+                            )
+                    rec.counters = check_counters(item, rec.counters)
+                except RegistrationError as exc:
+                    refused.append((index, exc))
+        return refused
+
     def register(
         self,
         key: InstanceKey,

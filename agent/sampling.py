@@ -54,12 +54,24 @@ class ThreadCpuReader:
         self.proc_root = proc_root
         self._fds: dict[tuple[int, int], int] = {}
 
-    def read(self, pid: int, tid: int) -> float | None:
+    def open(self, pid: int, tid: int) -> int:
+        """The kept-open stat file of a thread, or -1 when it has exited.
+
+        The descriptor stays valid until :meth:`forget`, :meth:`retain` or
+        :meth:`close`; a pread on it after the thread exited fails (ESRCH).
+        """
         fd = self._fds.get((pid, tid))
-        try:
-            if fd is None:
+        if fd is None:
+            try:
                 fd = os.open(f"{self.proc_root}/{pid}/task/{tid}/stat", os.O_RDONLY)
-                self._fds[(pid, tid)] = fd
+            except OSError:
+                return -1
+            self._fds[(pid, tid)] = fd
+        return fd
+
+    def read(self, pid: int, tid: int) -> float | None:
+        fd = self.open(pid, tid)
+        try:
             raw = os.pread(fd, STAT_READ_BYTES, 0)
         except OSError:
             self.forget(pid, tid)

@@ -106,6 +106,8 @@ def _handle_updates(agent: NodeAgent, items: Any) -> dict[str, Any]:
 
 class _Handler(socketserver.StreamRequestHandler):
     server: RegistrationServer
+    # A batch line is up to 64 KiB: read it in one recv, not eight of the default 8 KiB.
+    rbufsize = MAX_LINE_BYTES + 1
 
     def handle(self) -> None:
         peer_pid, peer_uid = peer_credentials(self.request)

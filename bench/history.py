@@ -37,8 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instances", type=int, default=2000, help="instance samples per slot")
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--backlog-slots", type=int, default=150)
-    parser.add_argument("--warmup-slots", type=int, default=20,
-                        help="slots pushed through a first query so the JVM is warm (not measured)")
+    parser.add_argument(
+        "--warmup-slots",
+        type=int,
+        default=20,
+        help="slots pushed through a first query so the JVM is warm (not measured)",
+    )
     parser.add_argument("--live-slots", type=int, default=6)
     parser.add_argument("--slot-seconds", type=float, default=10.0)
     parser.add_argument("--trigger-seconds", type=float, default=1.0)
@@ -49,17 +53,35 @@ def _samples(slot: int, instances: int, nodes: int) -> tuple[list[dict], list[di
     inst = []
     for i in range(instances):
         arrivals = 100.0 + (slot * 7 + i) % 50
-        inst.append({
-            "app": f"app{i // (per_op * 20)}", "operator": f"op{(i // per_op) % 20}",
-            "instance": i % per_op, "node": f"n{i % nodes}", "worker": f"w{i % nodes}",
-            "stateful": i % 3 == 0, "arrivals": arrivals, "executed": arrivals,
-            "emitted": arrivals * 1.5, "cpu_seconds": arrivals * 0.001, "queue_length": 3.0,
-            "latency_sum_seconds": 0.2, "latency_count": arrivals, "service_seconds": 0.001,
-            "cap_cores": 0.5,
-        })
-    node = [{"node": f"n{n}", "cpu_capacity_cores": 16.0, "cpu_usage_cores": 8.0,
-             "memory_bandwidth_bytes_per_second": None, "llc_occupancy_bytes": None}
-            for n in range(nodes)]
+        inst.append(
+            {
+                "app": f"app{i // (per_op * 20)}",
+                "operator": f"op{(i // per_op) % 20}",
+                "instance": i % per_op,
+                "node": f"n{i % nodes}",
+                "worker": f"w{i % nodes}",
+                "stateful": i % 3 == 0,
+                "arrivals": arrivals,
+                "executed": arrivals,
+                "emitted": arrivals * 1.5,
+                "cpu_seconds": arrivals * 0.001,
+                "queue_length": 3.0,
+                "latency_sum_seconds": 0.2,
+                "latency_count": arrivals,
+                "service_seconds": 0.001,
+                "cap_cores": 0.5,
+            }
+        )
+    node = [
+        {
+            "node": f"n{n}",
+            "cpu_capacity_cores": 16.0,
+            "cpu_usage_cores": 8.0,
+            "memory_bandwidth_bytes_per_second": None,
+            "llc_occupancy_bytes": None,
+        }
+        for n in range(nodes)
+    ]
     return inst, node
 
 
@@ -83,15 +105,17 @@ def _backlog(spark, base: Path, args, slots: int, name: str) -> dict:
     from spark_stream import job
     from spark_stream.config import HistoryConfig
 
-    config = HistoryConfig.under(base / name, slot_seconds=args.slot_seconds,
-                                 max_spool_bytes=1 << 40)
+    config = HistoryConfig.under(
+        base / name, slot_seconds=args.slot_seconds, max_spool_bytes=1 << 40
+    )
     writer = SpoolWriter(config)
     t0 = 1_700_000_000.0
     write_started = time.perf_counter()
     for slot in range(slots):
         inst, nodes = _samples(slot, args.instances, args.nodes)
-        writer.write_slot(slot, t0 + slot * args.slot_seconds, args.slot_seconds, inst, nodes,
-                          {"slot": slot})
+        writer.write_slot(
+            slot, t0 + slot * args.slot_seconds, args.slot_seconds, inst, nodes, {"slot": slot}
+        )
     write_seconds = time.perf_counter() - write_started
     started, cpu_started = time.perf_counter(), _cpu_seconds()
     job.run_available(spark, config)
@@ -102,13 +126,19 @@ def _backlog(spark, base: Path, args, slots: int, name: str) -> dict:
     if windows != slots:
         raise RuntimeError(f"expected {slots} windows of app0/op0, read {windows}")
     cores = min(2, os.cpu_count() or 1)
-    return {"samples": samples, "seconds": seconds, "samples_per_second": samples / seconds,
-            "cpu_seconds": cpu_seconds, "samples_per_cpu_second": samples / cpu_seconds,
-            # What the same work would take with `cores` cores to itself, assuming both are
-            # kept busy as they are on an idle machine; a projection, not a measurement.
-            "samples_per_second_on_idle_cores_projected": cores * samples / cpu_seconds,
-            "spool_write_seconds": write_seconds, "spool_bytes": writer.bytes,
-            "windows_of_one_operator": windows}
+    return {
+        "samples": samples,
+        "seconds": seconds,
+        "samples_per_second": samples / seconds,
+        "cpu_seconds": cpu_seconds,
+        "samples_per_cpu_second": samples / cpu_seconds,
+        # What the same work would take with `cores` cores to itself, assuming both are
+        # kept busy as they are on an idle machine; a projection, not a measurement.
+        "samples_per_second_on_idle_cores_projected": cores * samples / cpu_seconds,
+        "spool_write_seconds": write_seconds,
+        "spool_bytes": writer.bytes,
+        "windows_of_one_operator": windows,
+    }
 
 
 def _delay(base: Path, args) -> dict:
@@ -117,9 +147,12 @@ def _delay(base: Path, args) -> dict:
     from spark_stream.config import HistoryConfig
     from spark_stream.embedded import EmbeddedHistory
 
-    config = HistoryConfig.under(base / "delay", spark_master=args.master,
-                                 slot_seconds=args.slot_seconds,
-                                 trigger_seconds=args.trigger_seconds)
+    config = HistoryConfig.under(
+        base / "delay",
+        spark_master=args.master,
+        slot_seconds=args.slot_seconds,
+        trigger_seconds=args.trigger_seconds,
+    )
     history = EmbeddedHistory(config)
     history.start()
     if not history.wait_running(180):
@@ -148,8 +181,11 @@ def _delay(base: Path, args) -> dict:
         status = history.status()
     finally:
         history.stop()
-    return {"delays_seconds": delays, "lag_seconds_at_end": status.lag_seconds,
-            "live_rows_per_second": status.input_rows_per_second}
+    return {
+        "delays_seconds": delays,
+        "lag_seconds_at_end": status.lag_seconds,
+        "live_rows_per_second": status.input_rows_per_second,
+    }
 
 
 def _plot(path: Path, delays: list[float], slot_seconds: float) -> None:
@@ -164,7 +200,7 @@ def _plot(path: Path, delays: list[float], slot_seconds: float) -> None:
     ax.set_xlabel("slot")
     ax.set_ylabel("seconds")
     ax.set_title("History window delay (embedded, local Spark)")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -177,8 +213,9 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="dsched-bench-history-") as tmp:
         base = Path(tmp)
         session_started = time.perf_counter()
-        spark = job.spark_session(HistoryConfig.under(base, spark_master=args.master,
-                                                      slot_seconds=args.slot_seconds))
+        spark = job.spark_session(
+            HistoryConfig.under(base, spark_master=args.master, slot_seconds=args.slot_seconds)
+        )
         session_seconds = time.perf_counter() - session_started
         try:
             if args.warmup_slots:
@@ -186,9 +223,11 @@ def run(args) -> int:
             load_before = os.getloadavg()[0]
             throughput = _backlog(spark, base, args, args.backlog_slots, "throughput")
             throughput["load_average_1min"] = [load_before, os.getloadavg()[0]]
-            print(f"history: backlog {throughput['samples']} samples in "
-                  f"{throughput['seconds']:.2f} s = {throughput['samples_per_second']:.0f} samples/s",
-                  flush=True)
+            print(
+                f"history: backlog {throughput['samples']} samples in "
+                f"{throughput['seconds']:.2f} s = {throughput['samples_per_second']:.0f} samples/s",
+                flush=True,
+            )
             delay = _delay(base, args)
         finally:
             spark.stop()
@@ -198,8 +237,11 @@ def run(args) -> int:
         "window_lag_slots": max(delays) / args.slot_seconds,
         "slot_seconds": args.slot_seconds,
         "spark_master": args.master,
-        "window_delay_seconds": {"median": statistics.median(delays), "max": max(delays),
-                                 "per_slot": delays},
+        "window_delay_seconds": {
+            "median": statistics.median(delays),
+            "max": max(delays),
+            "per_slot": delays,
+        },
         "trigger_seconds": args.trigger_seconds,
         "instances_per_slot": args.instances,
         "nodes_per_slot": args.nodes,
@@ -219,6 +261,8 @@ def run(args) -> int:
         _plot(Path(png), delays, args.slot_seconds)
         figures["png"] = png
     doc = write_result(args.json, "history", figures)
-    print(f"history: {doc['samples_per_second']:.0f} samples/s, window delay max "
-          f"{max(delays):.2f} s = {doc['window_lag_slots']:.2f} slots of {args.slot_seconds} s")
+    print(
+        f"history: {doc['samples_per_second']:.0f} samples/s, window delay max "
+        f"{max(delays):.2f} s = {doc['window_lag_slots']:.2f} slots of {args.slot_seconds} s"
+    )
     return 0 if all(v for k, v in figures["targets"].items() if k.endswith("_met")) else 1

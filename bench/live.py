@@ -251,6 +251,7 @@ class Sampler:
     def __init__(self, topo: SliceBurnTopology, backend, t0: float, cluster: LocalCluster | None):
         self.topo, self.backend, self.t0, self.cluster = topo, backend, t0, cluster
         self.samples = Samples()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench.sampler", daemon=True)
 
@@ -260,6 +261,10 @@ class Sampler:
         return self.backend.read_cap(path) if path.exists() else None
 
     def sample(self) -> None:
+        with self._lock:
+            self._sample()
+
+    def _sample(self) -> None:
         s = self.samples
         now = time.monotonic() - self.t0
         cpu, caps = {}, {}
@@ -362,7 +367,6 @@ def run_contender(
     cluster: LocalCluster | None = None
     topo: SliceBurnTopology | None = None
     sampler: Sampler | None = None
-    static: StaticCaps | None = None
     try:
         agent_socket = None
         if name == "dsched":
@@ -410,10 +414,12 @@ def run_contender(
             )
         else:
             caps = static_caps(name, scn.spec.operators, scn.scale, equal_by_operator)
-            static = StaticCaps(res.top, Reservation.TESTBED, period)
-            static.apply(topo, caps, settings.capacity_cores)
+            StaticCaps(res.top, Reservation.TESTBED, period).apply(
+                topo, caps, settings.capacity_cores
+            )
         sampler = Sampler(topo, backend, t0, cluster).start()
         _wait(settings, settings.warmup + settings.duration - (time.monotonic() - t0))
+        sampler.sample()  # close the measured window at its end, not up to a second before
         topo.stop_input()
         deadline = time.monotonic() + settings.timeout + 1.0
         while topo.acker.in_flight and time.monotonic() < deadline:
@@ -431,7 +437,6 @@ def run_contender(
         if cluster is not None:
             cluster.stop()
         release_and_remove(backend)
-        del static
 
 
 # ---------------------------------------------------------------- figures

@@ -7,7 +7,9 @@ Scenarios:
   three QoS classes, a linear burst (x1.8 / x2.7 / x3.6) from epoch 40 to 51;
 * ``wordcount`` -- one small chain on one 2-core node (the calibration scenario);
 * ``scale`` -- ``--nodes`` nodes and ``--instances`` instances: the controller's
-  epoch time and memory inside the simulation (dsched only).
+  epoch time and memory inside the simulation (dsched only);
+* ``calibration`` -- a two-operator chain run live (real threads, real cgroup v1
+  caps) and simulated with the same work, caps and arrivals; needs root.
 
 Per policy and class: mean and p99 end-to-end latency, violation ratio (whole
 run and phase II), CPU allocated, reconfigurations, nodes; ratios against ``err``.
@@ -28,7 +30,9 @@ from testbed.sim import scenario as scen
 from testbed.sim.policies import POLICIES, DschedPolicy, controller_features, make_policy
 from testbed.sim.run import run_policy
 
-SCENARIOS = ("seed004-poisson", "seed004-weibull", "wordcount", "scale")
+SCENARIOS = ("seed004-poisson", "seed004-weibull", "wordcount", "scale", "calibration")
+#: Live and simulated latency and CPU must agree within this (relative).
+CALIBRATION_TOLERANCE = 0.20
 #: The paper's claims against ERR for the gold class (seeds/004, Table 1).
 MUST_GOLD_VIOLATION_REDUCTION = 0.77
 MUST_GOLD_LATENCY_REDUCTION = 0.188
@@ -193,7 +197,43 @@ def markdown_totals(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def run_calibration(args: argparse.Namespace) -> int:
+    from testbed.sim.calibrate import CalibrationSetup, run_live, run_sim
+
+    setup = CalibrationSetup(seconds=float(args.epochs or 6) * 5.0, seed=args.seed)
+    sim = run_sim(setup)
+    live = run_live(setup)
+
+    def rel(a: float, b: float) -> float:
+        return abs(a - b) / b
+
+    agreement = {
+        "latency_ms_mean": rel(sim.latency_ms_mean, live.latency_ms_mean),
+        "latency_ms_p99": rel(sim.latency_ms_p99, live.latency_ms_p99),
+        "cpu_cores": max(rel(s, v) for s, v in zip(sim.cpu_cores, live.cpu_cores, strict=True)),
+    }
+    figures = {
+        "scenario": "calibration",
+        "apps": 1,
+        "setup": vars(setup),
+        "live": vars(live),
+        "sim": vars(sim),
+        "relative_difference": agreement,
+        "tolerance": CALIBRATION_TOLERANCE,
+        "agree": {k: v <= CALIBRATION_TOLERANCE for k, v in agreement.items()},
+    }
+    print(json_line(figures["relative_difference"]), flush=True)
+    write_result(args.json, "sim", figures)
+    return 0
+
+
+def json_line(d: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in d.items())
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.scenario == "calibration":
+        return run_calibration(args)
     sc = build_scenario(args)
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     for n in names:
@@ -216,7 +256,9 @@ def run(args: argparse.Namespace) -> int:
                 "controller_epoch_seconds_median": statistics.median(times) if times else None,
                 "controller_epoch_seconds_max": max(times) if times else None,
                 "controller_epoch_cpu_seconds_median": (
-                    statistics.median(policy.epoch_cpu_seconds) if policy.epoch_cpu_seconds else None
+                    statistics.median(policy.epoch_cpu_seconds)
+                    if policy.epoch_cpu_seconds
+                    else None
                 ),
                 "controller_peak_rss_bytes": policy.peak_rss_bytes,
                 "controller_rss_growth_bytes": policy.peak_rss_bytes - rss0,
@@ -258,6 +300,7 @@ def run(args: argparse.Namespace) -> int:
                 for k in (
                     "controller_epoch_seconds_median",
                     "controller_epoch_seconds_max",
+                    "controller_epoch_cpu_seconds_median",
                     "controller_peak_rss_bytes",
                     "controller_rss_growth_bytes",
                 )

@@ -376,6 +376,16 @@ def apply_hysteresis(
     return steps
 
 
+def _prior_in_group(group: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For rows sorted by ``group``: sum of ``values`` of the earlier rows of the same group."""
+    before = np.cumsum(values) - values
+    _, first = np.unique(group, return_index=True)
+    starts = np.zeros(len(group), dtype=int)
+    starts[first] = first
+    starts = np.maximum.accumulate(starts)
+    return before - before[starts]
+
+
 def fit_quantized_caps(
     steps: dict[InstanceKey, hysteresis.HysteresisStep],
     memory: dict[InstanceKey, hysteresis.HysteresisState],
@@ -389,47 +399,56 @@ def fit_quantized_caps(
 
     Rounding up with a theta/2 margin can push a node's caps past its room
     again. Where it does, first the rounding margins come off (down to the
-    allocation, lightest class first), then caps go below their allocation,
-    lightest class first and in proportion within a class, never below
-    ``min_cap``. Caps lowered here need not be multiples of theta: the node's
-    room wins over the granularity.
+    allocation; lightest class first, largest margin first), then caps go below
+    their allocation, lightest class first and in proportion within a class,
+    never below ``min_cap``. Caps lowered here need not be multiples of theta:
+    the node's room wins over the granularity. Vectorized over all instances.
     """
-    load: dict[str, float] = {}
-    by_node: dict[str, list[InstanceKey]] = {}
-    for k, s in steps.items():
-        node = node_of[k]
-        load[node] = load.get(node, 0.0) + s.cap
-        by_node.setdefault(node, []).append(k)
+    if not steps:
+        return {}
+    keys = list(steps)
+    nodes = sorted({node_of[k] for k in keys})
+    node_ix = {n: i for i, n in enumerate(nodes)}
+    node = np.fromiter((node_ix[node_of[k]] for k in keys), int, len(keys))
+    caps = np.fromiter((steps[k].cap for k in keys), float, len(keys))
+    load = np.bincount(node, weights=caps, minlength=len(nodes))
+    limit = np.array([room.get(n, math.inf) for n in nodes])
+    over_node = load - limit
+    hot = over_node[node] > 1e-9
     out = dict(steps)
-    for node, total in load.items():
-        over = total - room.get(node, math.inf)
-        if over <= 1e-9:
-            continue  # most nodes fit: nothing to look at
-        keys = by_node[node]
-        caps = {k: out[k].cap for k in keys}
-        floor = {k: min(min_cap, caps[k]) for k in keys}
-        target = {k: max(allocated.get(k, 0.0), floor[k]) for k in keys}
-        for k in sorted(keys, key=lambda k: (weight_of.get(k, 1.0), target[k] - caps[k], k)):
-            take = min(max(caps[k] - target[k], 0.0), over)
-            caps[k] -= take
-            over -= take
-            if over <= 1e-9:
-                break
-        for w in sorted({weight_of.get(k, 1.0) for k in keys}):
-            if over <= 1e-9:
-                break
-            grp = [k for k in keys if weight_of.get(k, 1.0) == w]
-            cuttable = {k: max(caps[k] - floor[k], 0.0) for k in grp}
-            total = sum(cuttable.values())
-            if total <= 0:
-                continue
-            take = min(over, total)
-            for k in grp:
-                caps[k] -= cuttable[k] * take / total
-            over -= take
-        for k in keys:
-            if caps[k] < out[k].cap - 1e-12:
-                c = round(caps[k], 9)
-                memory[k].cap, memory[k].accumulated_decrease = c, 0.0
-                out[k] = hysteresis.HysteresisStep(c, True, "fit-node")
+    if not hot.any():
+        return out
+    idx = np.flatnonzero(hot)
+    hkeys = [keys[i] for i in idx]
+    hnode, hcap = node[idx], caps[idx]
+    weight = np.fromiter((weight_of.get(k, 1.0) for k in hkeys), float, len(hkeys))
+    floor = np.minimum(min_cap, hcap)
+    alloc = np.fromiter((allocated.get(k, 0.0) for k in hkeys), float, len(hkeys))
+    target = np.maximum(alloc, floor)
+    # 1: rounding margins, lightest class first, largest margin first.
+    margin = np.maximum(hcap - target, 0.0)
+    order = np.lexsort((np.arange(len(idx)), -margin, weight, hnode))
+    prior = _prior_in_group(hnode[order], margin[order])
+    take = np.clip(over_node[hnode[order]] - prior, 0.0, margin[order])
+    new = hcap.copy()
+    new[order] -= take
+    left = np.maximum(over_node - np.bincount(hnode, weights=hcap - new, minlength=len(nodes)), 0.0)
+    # 2: below allocation, lightest class first, in proportion within a class.
+    if (left > 1e-9).any():
+        _, wrank = np.unique(weight, return_inverse=True)
+        group = hnode * (wrank.max() + 1) + wrank
+        uniq, ginv = np.unique(group, return_inverse=True)
+        cuttable = np.maximum(new - floor, 0.0)
+        gcut = np.bincount(ginv, weights=cuttable, minlength=len(uniq))
+        gnode = uniq // (wrank.max() + 1)
+        gprior = _prior_in_group(gnode, gcut)
+        gtake = np.clip(left[gnode] - gprior, 0.0, gcut)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(gcut > 0, gtake / gcut, 0.0)
+        new -= cuttable * share[ginv]
+    for j in np.flatnonzero(new < hcap - 1e-12):
+        k = hkeys[j]
+        c = round(float(new[j]), 9)
+        memory[k].cap, memory[k].accumulated_decrease = c, 0.0
+        out[k] = hysteresis.HysteresisStep(c, True, "fit-node")
     return out

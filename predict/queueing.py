@@ -270,6 +270,12 @@ def _ac_wait_array(lam, mu, m, var) -> np.ndarray:
     return np.where(rho >= 1, np.inf, w)
 
 
+def allen_cunneen_wait_array(arrival_rate, service_rate, servers, variability) -> np.ndarray:
+    """Unchecked array form for inner loops: ``variability = (ca2 + cs2) / 2``, inputs
+    already validated by the caller; ``inf`` where the queue is unstable."""
+    return _ac_wait_array(arrival_rate, service_rate, servers, variability)
+
+
 def _bisect_many(excess, lo: np.ndarray, hi: np.ndarray, iterations: int = 200) -> np.ndarray:
     """Geometric bisection on arrays; returns the feasible end of each bracket."""
     lo, hi = lo.copy(), hi.copy()

@@ -106,18 +106,39 @@ class HistoryConfig:
         return self.table_dir / "_progress.json"
 
     def validate(self) -> None:
-        require(isinstance(self.spark_master, str) and bool(self.spark_master.strip()),
-                "spark_master", "must be a non-empty Spark master URL (local[2], spark://h:p, yarn, k8s://...)")
-        require(self.retention_seconds >= 0, "retention_seconds", f"must be >= 0, got {self.retention_seconds}")
-        require(self.max_spool_bytes > 0, "max_spool_bytes", f"must be > 0, got {self.max_spool_bytes}")
-        require(self.table_retention_days >= 1, "table_retention_days",
-                f"must be >= 1, got {self.table_retention_days}")
+        require(
+            isinstance(self.spark_master, str) and bool(self.spark_master.strip()),
+            "spark_master",
+            "must be a non-empty Spark master URL (local[2], spark://h:p, yarn, k8s://...)",
+        )
+        require(
+            self.retention_seconds >= 0,
+            "retention_seconds",
+            f"must be >= 0, got {self.retention_seconds}",
+        )
+        require(
+            self.max_spool_bytes > 0, "max_spool_bytes", f"must be > 0, got {self.max_spool_bytes}"
+        )
+        require(
+            self.table_retention_days >= 1,
+            "table_retention_days",
+            f"must be >= 1, got {self.table_retention_days}",
+        )
         require(self.slot_seconds > 0, "slot_seconds", f"must be > 0, got {self.slot_seconds}")
         require(self.window_slots >= 1, "window_slots", f"must be >= 1, got {self.window_slots}")
-        require(self.watermark_slots >= 0, "watermark_slots", f"must be >= 0, got {self.watermark_slots}")
-        require(self.trigger_seconds > 0, "trigger_seconds", f"must be > 0, got {self.trigger_seconds}")
-        require(self.shuffle_partitions >= 1, "shuffle_partitions",
-                f"must be >= 1, got {self.shuffle_partitions}")
+        require(
+            self.watermark_slots >= 0,
+            "watermark_slots",
+            f"must be >= 0, got {self.watermark_slots}",
+        )
+        require(
+            self.trigger_seconds > 0, "trigger_seconds", f"must be > 0, got {self.trigger_seconds}"
+        )
+        require(
+            self.shuffle_partitions >= 1,
+            "shuffle_partitions",
+            f"must be >= 1, got {self.shuffle_partitions}",
+        )
         require(self.fit_windows >= 8, "fit_windows", f"must be >= 8, got {self.fit_windows}")
         for key in ("arima_max_p", "arima_max_q"):
             value = getattr(self, key)
@@ -126,5 +147,8 @@ class HistoryConfig:
             require(key.startswith("spark."), f"spark_conf.{key}", "must start with 'spark.'")
         paths = {name: getattr(self, name) for name in _DERIVED_PATHS}
         require(paths["spool_dir"] != paths["table_dir"], "table_dir", "must differ from spool_dir")
-        require(paths["checkpoint_dir"] not in (paths["spool_dir"], paths["table_dir"]),
-                "checkpoint_dir", "must differ from spool_dir and table_dir")
+        require(
+            paths["checkpoint_dir"] not in (paths["spool_dir"], paths["table_dir"]),
+            "checkpoint_dir",
+            "must differ from spool_dir and table_dir",
+        )

@@ -25,7 +25,9 @@ from dsched.config import ConfigError, from_dict, override
 from spark_stream.config import DEFAULT_STATE_DIR, HistoryConfig
 
 
-def load_history_config(path: str | None, state_dir: str | None, master: str | None) -> HistoryConfig:
+def load_history_config(
+    path: str | None, state_dir: str | None, master: str | None
+) -> HistoryConfig:
     data: dict = {}
     if path is not None:
         try:
@@ -47,20 +49,37 @@ def load_history_config(path: str | None, state_dir: str | None, master: str | N
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="dsched-history", description=__doc__,
+        prog="dsched-history",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", help="TOML file with a [history] table (e.g. /etc/dsched/controller.toml)")
-    common.add_argument("--state-dir", help=f"base of the default paths (default {DEFAULT_STATE_DIR})")
-    common.add_argument("--master", help="Spark master URL: local[2], spark://HOST:PORT, yarn, k8s://...")
-    common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    common.add_argument(
+        "--config", help="TOML file with a [history] table (e.g. /etc/dsched/controller.toml)"
+    )
+    common.add_argument(
+        "--state-dir", help=f"base of the default paths (default {DEFAULT_STATE_DIR})"
+    )
+    common.add_argument(
+        "--master", help="Spark master URL: local[2], spark://HOST:PORT, yarn, k8s://..."
+    )
+    common.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", parents=[common], help="run the streaming history job until stopped",
-                   description="Run the streaming history job until SIGTERM or SIGINT.")
-    sub.add_parser("fit", parents=[common], help="fit ARIMA orders and task performance models once",
-                   description="Fit per-operator ARIMA orders and task performance models "
-                               "with applyInPandas and write the model tables.")
+    sub.add_parser(
+        "run",
+        parents=[common],
+        help="run the streaming history job until stopped",
+        description="Run the streaming history job until SIGTERM or SIGINT.",
+    )
+    sub.add_parser(
+        "fit",
+        parents=[common],
+        help="fit ARIMA orders and task performance models once",
+        description="Fit per-operator ARIMA orders and task performance models "
+        "with applyInPandas and write the model tables.",
+    )
     return parser
 
 
@@ -93,8 +112,10 @@ def _fit(config: HistoryConfig) -> int:
     from spark_stream.fit import fit_models
 
     if not config.operators_dir.is_dir():
-        print(f"dsched-history fit: no history table at {config.operators_dir}: nothing to fit yet",
-              file=sys.stderr)
+        print(
+            f"dsched-history fit: no history table at {config.operators_dir}: nothing to fit yet",
+            file=sys.stderr,
+        )
         return 1
     spark = job.spark_session(config, app_name="dsched-history-fit")
     try:
@@ -107,7 +128,9 @@ def _fit(config: HistoryConfig) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         config = load_history_config(args.config, args.state_dir, args.master)
     except ConfigError as exc:

@@ -70,8 +70,16 @@ def fit_arima_group(frame: pd.DataFrame, max_p: int, max_q: int) -> pd.DataFrame
 
     frame = frame.sort_values("window_start")
     y = frame["arrivals"].to_numpy(dtype=float)
-    row = {"app": frame["app"].iloc[0], "operator": frame["operator"].iloc[0], "p": -1, "d": -1,
-           "q": -1, "sigma": math.nan, "windows": len(y), "status": "ok"}
+    row = {
+        "app": frame["app"].iloc[0],
+        "operator": frame["operator"].iloc[0],
+        "p": -1,
+        "d": -1,
+        "q": -1,
+        "sigma": math.nan,
+        "windows": len(y),
+        "status": "ok",
+    }
     if len(y) < MIN_ARIMA_WINDOWS:
         row["status"] = f"too few windows ({len(y)} < {MIN_ARIMA_WINDOWS})"
     else:
@@ -111,15 +119,18 @@ def fit_perf_group(frame: pd.DataFrame) -> pd.DataFrame:
                 "cpu_percent": float(peak["cpu_percent"]),
                 "memory_percent": math.nan,
                 "kappa": float(group["cpu"].sum() / executed) if executed > 0 else math.nan,
-                "selectivity": float(group["emitted"].sum() / executed) if executed > 0 else math.nan,
+                "selectivity": float(group["emitted"].sum() / executed)
+                if executed > 0
+                else math.nan,
                 "windows": len(group),
             }
         )
     return pd.DataFrame(rows, columns=PERF_TABLE.names)
 
 
-def write_model_table(frame: pd.DataFrame, directory: Path, schema: pa.Schema,
-                      fitted_at: float) -> Path:
+def write_model_table(
+    frame: pd.DataFrame, directory: Path, schema: pa.Schema, fitted_at: float
+) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pandas(frame.reset_index(drop=True), schema=schema, preserve_index=False)
     table = table.replace_schema_metadata({_FITTED_AT: repr(fitted_at).encode()})
@@ -148,10 +159,23 @@ def fit_models(spark, config: HistoryConfig) -> dict[str, int]:
         raise FileNotFoundError(f"no history table at {config.operators_dir}: nothing to fit yet")
     windows = (
         spark.read.parquet(str(config.operators_dir))
-        .select("app", "operator", "window_start", "window_end", "instances", "arrivals",
-                "executed", "emitted", "cpu_seconds")
-        .withColumn("_rank", F.row_number().over(
-            Window.partitionBy("app", "operator").orderBy(F.col("window_start").desc())))
+        .select(
+            "app",
+            "operator",
+            "window_start",
+            "window_end",
+            "instances",
+            "arrivals",
+            "executed",
+            "emitted",
+            "cpu_seconds",
+        )
+        .withColumn(
+            "_rank",
+            F.row_number().over(
+                Window.partitionBy("app", "operator").orderBy(F.col("window_start").desc())
+            ),
+        )
         .where(F.col("_rank") <= config.fit_windows)
         .drop("_rank")
     )
@@ -164,9 +188,17 @@ def fit_models(spark, config: HistoryConfig) -> dict[str, int]:
     perf = windows.groupBy("app", "operator").applyInPandas(fit_perf_group, schema=_ddl(PERF_TABLE))
     perf = perf.toPandas()
     fitted_at = time.time()
-    write_model_table(arima.sort_values(["app", "operator"]), config.model_dir / "arima",
-                      ARIMA_TABLE, fitted_at)
-    write_model_table(perf.sort_values(["app", "operator", "threads"]), config.model_dir / "perf",
-                      PERF_TABLE, fitted_at)
-    return {"operators": len(arima), "arima_ok": int((arima["status"] == "ok").sum()),
-            "perf_rows": len(perf)}
+    write_model_table(
+        arima.sort_values(["app", "operator"]), config.model_dir / "arima", ARIMA_TABLE, fitted_at
+    )
+    write_model_table(
+        perf.sort_values(["app", "operator", "threads"]),
+        config.model_dir / "perf",
+        PERF_TABLE,
+        fitted_at,
+    )
+    return {
+        "operators": len(arima),
+        "arima_ok": int((arima["status"] == "ok").sum()),
+        "perf_rows": len(perf),
+    }

@@ -45,7 +45,12 @@ from spark_stream.config import HistoryConfig
 
 log = logging.getLogger(__name__)
 
-_SPARK_TYPES = {"string": "StringType", "long": "LongType", "double": "DoubleType", "boolean": "BooleanType"}
+_SPARK_TYPES = {
+    "string": "StringType",
+    "long": "LongType",
+    "double": "DoubleType",
+    "boolean": "BooleanType",
+}
 
 
 def spark_session(config: HistoryConfig, app_name: str = "dsched-history"):
@@ -105,8 +110,11 @@ def windows_stream(spark, config: HistoryConfig):
         F.when(F.col("_corrupt_record").isNotNull(), F.lit("bad_json"))
         .when(F.col("v").isNull() | (F.col("v") != S.SPOOL_SCHEMA_VERSION), F.lit("schema_version"))
         .when(
-            kind.isNull() | ~kind.isin(*S.LINE_KINDS) | F.col("slot").isNull()
-            | F.col("timestamp").isNull() | F.col("slot_seconds").isNull()
+            kind.isNull()
+            | ~kind.isin(*S.LINE_KINDS)
+            | F.col("slot").isNull()
+            | F.col("timestamp").isNull()
+            | F.col("slot_seconds").isNull()
             | (F.col("slot_seconds") <= 0)
             | ((kind == "instance") & (F.col("app").isNull() | F.col("operator").isNull()))
             | ((kind == "node") & F.col("node").isNull()),
@@ -116,9 +124,11 @@ def windows_stream(spark, config: HistoryConfig):
     # A malformed line has no trustworthy content; the file name carries the slot start,
     # so it sits on the same clock as the samples and cannot push the watermark ahead.
     name_time = F.timestamp_millis(
-        F.regexp_extract("file_name", S.SPOOL_NAME_PATTERN, 2).cast("long"))
+        F.regexp_extract("file_name", S.SPOOL_NAME_PATTERN, 2).cast("long")
+    )
     good_time = F.when(kind == "tick", F.col("timestamp") + F.col("slot_seconds")).otherwise(
-        F.col("timestamp"))
+        F.col("timestamp")
+    )
     good = reason.isNull()
     lines = raw.select(
         F.when(good, kind).otherwise(F.lit("quarantine")).alias("kind"),
@@ -131,7 +141,9 @@ def windows_stream(spark, config: HistoryConfig):
         F.when(~good | (kind == "slot"), F.col("file_name")).alias("source_file"),
         F.when(good & (kind == "slot"), F.col("decision")).otherwise(reason).alias("detail"),
         F.col("stateful").cast("long").alias("stateful"),
-        *S.OPERATOR_COUNTERS, *S.OPERATOR_GAUGES, *S.NODE_GAUGES,
+        *S.OPERATOR_COUNTERS,
+        *S.OPERATOR_GAUGES,
+        *S.NODE_GAUGES,
     )
     keys = ["kind", "app", "operator", "node", "slot_key", "source_file", "detail"]
     sums = [F.sum(c).alias(c) for c in S.OPERATOR_COUNTERS + S.OPERATOR_GAUGES + S.NODE_GAUGES]
@@ -139,9 +151,14 @@ def windows_stream(spark, config: HistoryConfig):
     return (
         lines.withWatermark("event_time", f"{int(config.watermark_seconds * 1000)} milliseconds")
         .groupBy(F.window("event_time", f"{int(config.window_seconds * 1000)} milliseconds"), *keys)
-        .agg(F.count(F.lit(1)).alias("samples"), F.max("stateful").alias("stateful"), *sums, *counts)
-        .select(F.col("window.start").alias("window_start"),
-                F.col("window.end").alias("window_end"), "*")
+        .agg(
+            F.count(F.lit(1)).alias("samples"), F.max("stateful").alias("stateful"), *sums, *counts
+        )
+        .select(
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "*",
+        )
         .drop("window")
     )
 
@@ -161,7 +178,9 @@ def operator_windows(groups: pd.DataFrame, batch_id: int) -> pd.DataFrame:
     ops["instances"] = ops["samples"] / ops["slots"]
     for c in S.OPERATOR_GAUGES:
         ops[c] = ops[c] / ops["slots"]
-    bounds = groups[groups["kind"] == "slot"].groupby("window_start")["slot_key"].agg(["min", "max"])
+    bounds = (
+        groups[groups["kind"] == "slot"].groupby("window_start")["slot_key"].agg(["min", "max"])
+    )
     ops["slot_first"] = ops["window_start"].map(bounds["min"]).astype("Int64")
     ops["slot_last"] = ops["window_start"].map(bounds["max"]).astype("Int64")
     ops["stateful"] = ops["stateful"].fillna(0) > 0
@@ -182,19 +201,28 @@ def node_windows(groups: pd.DataFrame, batch_id: int) -> pd.DataFrame:
 
 
 def decision_records(groups: pd.DataFrame, batch_id: int) -> pd.DataFrame:
-    slots = groups[groups["kind"] == "slot"].rename(columns={"slot_key": "slot", "detail": "decision"})
+    slots = groups[groups["kind"] == "slot"].rename(
+        columns={"slot_key": "slot", "detail": "decision"}
+    )
     slots = slots.assign(batch_id=batch_id)
     return slots[S.DECISION_TABLE.names].sort_values("slot")
 
 
 def quarantine_records(groups: pd.DataFrame, batch_id: int) -> pd.DataFrame:
-    bad = groups[groups["kind"] == "quarantine"].rename(columns={"detail": "reason", "samples": "lines"})
+    bad = groups[groups["kind"] == "quarantine"].rename(
+        columns={"detail": "reason", "samples": "lines"}
+    )
     bad = bad.assign(batch_id=batch_id)
     return bad[S.QUARANTINE_TABLE.names].sort_values("source_file")
 
 
-def write_partitioned(frame: pd.DataFrame, table_dir: Path, schema: pa.Schema, batch_id: int,
-                      date_column: str | None = "window_start") -> list[Path]:
+def write_partitioned(
+    frame: pd.DataFrame,
+    table_dir: Path,
+    schema: pa.Schema,
+    batch_id: int,
+    date_column: str | None = "window_start",
+) -> list[Path]:
     """Write one Parquet file per date partition named after the batch; atomic and idempotent."""
     if frame.empty:
         return []
@@ -208,7 +236,9 @@ def write_partitioned(frame: pd.DataFrame, table_dir: Path, schema: pa.Schema, b
         directory = table_dir / f"date={date}"
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"batch-{batch_id:012d}.parquet"
-        table = pa.Table.from_pandas(part.reset_index(drop=True), schema=schema, preserve_index=False)
+        table = pa.Table.from_pandas(
+            part.reset_index(drop=True), schema=schema, preserve_index=False
+        )
         tmp = directory / f".batch-{batch_id:012d}.parquet.tmp"
         pq.write_table(table, tmp)
         os.replace(tmp, path)
@@ -248,17 +278,24 @@ class HistorySink:
         if not groups.empty:
             groups["window_start"] = _utc(groups["window_start"])
             groups["window_end"] = _utc(groups["window_end"])
-            write_partitioned(operator_windows(groups, batch_id), cfg.operators_dir,
-                              S.OPERATOR_TABLE, batch_id)
+            write_partitioned(
+                operator_windows(groups, batch_id), cfg.operators_dir, S.OPERATOR_TABLE, batch_id
+            )
             write_partitioned(node_windows(groups, batch_id), cfg.nodes_dir, S.NODE_TABLE, batch_id)
-            write_partitioned(decision_records(groups, batch_id), cfg.decisions_dir,
-                              S.DECISION_TABLE, batch_id)
+            write_partitioned(
+                decision_records(groups, batch_id), cfg.decisions_dir, S.DECISION_TABLE, batch_id
+            )
             bad = quarantine_records(groups, batch_id)
-            write_partitioned(bad, cfg.quarantine_table_dir, S.QUARANTINE_TABLE, batch_id,
-                              date_column=None)
+            write_partitioned(
+                bad, cfg.quarantine_table_dir, S.QUARANTINE_TABLE, batch_id, date_column=None
+            )
             for row in bad.itertuples():
-                log.warning("quarantined spool file %s: %s (%d lines)", row.source_file,
-                            row.reason, row.lines)
+                log.warning(
+                    "quarantined spool file %s: %s (%d lines)",
+                    row.source_file,
+                    row.reason,
+                    row.lines,
+                )
             self._move_quarantined(sorted(set(bad["source_file"])))
         self._update_progress(groups, batch_id)
         self.batches += 1
@@ -304,8 +341,12 @@ def prune_table(config: HistoryConfig, now: float | None = None) -> list[Path]:
     now = time.time() if now is None else now
     cutoff = time.strftime("%Y-%m-%d", time.gmtime(now - config.table_retention_days * 86400))
     removed = []
-    for table in (config.operators_dir, config.nodes_dir, config.decisions_dir,
-                  config.quarantine_table_dir):
+    for table in (
+        config.operators_dir,
+        config.nodes_dir,
+        config.decisions_dir,
+        config.quarantine_table_dir,
+    ):
         if not table.is_dir():
             continue
         for part in table.iterdir():
@@ -321,8 +362,12 @@ def ensure_dirs(config: HistoryConfig) -> None:
         Path(d).mkdir(parents=True, exist_ok=True)
 
 
-def start_query(spark, config: HistoryConfig, sink: Callable[[Any, int], None] | None = None,
-                available_now: bool = False):
+def start_query(
+    spark,
+    config: HistoryConfig,
+    sink: Callable[[Any, int], None] | None = None,
+    available_now: bool = False,
+):
     """Start the streaming query; ``available_now`` processes what is spooled, then stops."""
     ensure_dirs(config)
     writer = (

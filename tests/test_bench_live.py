@@ -4,7 +4,6 @@ run of the real command (controller, agent, cgroups), and Ctrl-C cleanup."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -220,7 +219,10 @@ def test_smoke_few_slots_with_dsched_equal_and_uncapped(tmp_path, cgroup_v1_cpu)
     unc = doc["contenders"]["uncapped"]
     assert unc["lost"] == 0
     # Uncapped instances are charged the whole capacity for the whole trace.
-    assert unc["cpu_allocated_core_seconds"] == pytest.approx(1.6 * 6, rel=0.15)
+    assert unc["cpu_window_seconds"] == pytest.approx(6, abs=0.5)
+    assert unc["cpu_allocated_core_seconds"] == pytest.approx(
+        1.6 * unc["cpu_window_seconds"], rel=0.01
+    )
     # The dsched run read the controller's decisions and its caps from the agent's cgroups.
     d = doc["contenders"]["dsched"]
     assert d["decisions"] >= 1
@@ -285,7 +287,6 @@ def test_sigint_stops_every_worker_and_removes_every_cgroup(tmp_path, cgroup_v1_
     assert not alive, [c.pid for c in alive]
     assert not top.exists(), sorted(str(x) for x in top.rglob("*") if x.is_dir())
     assert not (tmp_path / "r.json").exists()
-    assert os.path.exists(tmp_path / "w")  # the logs stay for a post-mortem
 
 
 def test_http_monitor_counters_report_closed_windows_and_alarm_flags_bursts():

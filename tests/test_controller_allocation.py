@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controller import hysteresis
 from controller.allocation import (
@@ -131,3 +133,44 @@ def test_latency_valued_allocator_prefers_gold():
     lat = model().latency_seconds(np.array([gold - 0.05]))
     assert violation_ratio(lat, GOLD.target_seconds)[0] <= GOLD.max_violation_ratio
     assert gold + bronze == pytest.approx(0.7) and gold > bronze
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["n1", "n2", "n3"]),
+            st.floats(0.0, 1.0),
+            st.sampled_from([1.0, 3.0, 8.0]),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    room=st.floats(0.2, 3.0),
+)
+def test_fit_quantized_caps_properties(rows, room):
+    keys = [InstanceKey(f"a{w:g}", "op", i) for i, (_, _, w) in enumerate(rows)]
+    memory = {k: hysteresis.HysteresisState() for k in keys}
+    alloc = {k: r[1] for k, r in zip(keys, rows, strict=True)}
+    steps = {k: hysteresis.step(memory[k], alloc[k], 0.1) for k in keys}
+    node_of = {k: r[0] for k, r in zip(keys, rows, strict=True)}
+    weight_of = {k: r[2] for k, r in zip(keys, rows, strict=True)}
+    fitted = fit_quantized_caps(
+        steps, memory, alloc, node_of, weight_of, dict.fromkeys("n1 n2 n3".split(), room), 0.05
+    )
+    for n in ("n1", "n2", "n3"):
+        on = [k for k in keys if node_of[k] == n]
+        if not on:
+            continue
+        assert all(fitted[k].cap <= steps[k].cap + 1e-9 for k in on)
+        assert all(fitted[k].cap >= min(0.05, steps[k].cap) - 1e-9 for k in on)
+        if sum(min(0.05, steps[k].cap) for k in on) <= room:
+            assert sum(fitted[k].cap for k in on) <= room + 1e-6
+        if any(fitted[k].cap < alloc[k] - 1e-9 for k in on):
+            # Below allocation only once every rounding margin on the node is gone.
+            assert all(fitted[k].cap <= max(alloc[k], 0.05) + 1e-9 for k in on)
+        # A heavier class goes below its allocation only when the lighter ones are at floor.
+        for k in on:
+            if fitted[k].cap < alloc[k] - 1e-9:
+                lighter = [j for j in on if weight_of[j] < weight_of[k]]
+                assert all(fitted[j].cap <= min(0.05, steps[j].cap) + 1e-9 for j in lighter)

@@ -34,7 +34,7 @@ small_int_values = st.lists(
 )
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(values=small_int_values, capacity=st.integers(0, 12))
 def test_equals_brute_force_with_exact_ties_on_integer_values(values, capacity):
     # Integer values make ties exact, so the tie rule is checked exactly.
@@ -44,7 +44,7 @@ def test_equals_brute_force_with_exact_ties_on_integer_values(values, capacity):
     assert units == expect_units
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     values=st.lists(
         st.lists(st.floats(-10, 100, allow_nan=False), min_size=1, max_size=5),
@@ -62,7 +62,7 @@ def test_equals_brute_force_on_float_values(values, capacity):
     assert achieved == pytest.approx(expect, rel=1e-8, abs=1e-8)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     demands=st.lists(st.floats(0, 3), min_size=1, max_size=4),
     weights=st.lists(st.sampled_from([1.0, 3.0, 8.0]), min_size=4, max_size=4),

@@ -158,8 +158,13 @@ def test_dry_run_records_the_same_division_and_touches_no_cgroup(tmp_path, cgrou
     # gold first, bronze cut.
     assert _cut_share(records, "bronze-wc") > 0.3
     assert _cut_share(records, "bronze-wc") > 2 * _cut_share(records, "gold-wc")
-    last = _by_app(records[-1])
-    assert last["gold-wc"]["cap_cores"] > 2 * last["bronze-wc"]["cap_cores"]
+    # Whenever the core is short, bronze is cut first: gold loses CPU only
+    # once bronze is down to its floors.
+    short = [_by_app(r) for r in records if _by_app(r)["bronze-wc"]["cut_cores"] > 0.2]
+    assert short, "the burst never made the core short"
+    for a in short:
+        bronze_at_floor = a["bronze-wc"]["allocated_cores"] <= a["bronze-wc"]["floor_cores"] + 1e-6
+        assert a["gold-wc"]["cut_cores"] < 0.02 or bronze_at_floor
 
 
 def test_qos_assignments_survive_sigkill(tmp_path, capsys):

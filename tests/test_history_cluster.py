@@ -48,9 +48,14 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 90
 
 @pytest.fixture
 def standalone_cluster(tmp_path):
-    env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1",
-               PYSPARK_PYTHON=sys.executable, SPARK_WORKER_DIR=str(tmp_path / "work"),
-               SPARK_LOG_DIR=str(tmp_path / "logs"))
+    env = dict(
+        os.environ,
+        SPARK_HOME=str(SPARK_HOME),
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        SPARK_WORKER_DIR=str(tmp_path / "work"),
+        SPARK_LOG_DIR=str(tmp_path / "logs"),
+    )
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     port = _free_port()
     url = f"spark://127.0.0.1:{port}"
@@ -58,16 +63,41 @@ def standalone_cluster(tmp_path):
     try:
         master_log = tmp_path / "master.log"
         master = subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-             "--port", str(port), "--webui-port", str(_free_port())],
-            env=env, stdout=master_log.open("w"), stderr=subprocess.STDOUT)
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(_free_port()),
+            ],
+            env=env,
+            stdout=master_log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
         procs.append(master)
         _wait_for(master_log, "I have been elected leader", master)
         worker_log = tmp_path / "worker.log"
         worker = subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-             "--cores", "2", "--memory", "2g", "--webui-port", str(_free_port())],
-            env=env, stdout=worker_log.open("w"), stderr=subprocess.STDOUT)
+            [
+                spark_class,
+                "org.apache.spark.deploy.worker.Worker",
+                url,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "2",
+                "--memory",
+                "2g",
+                "--webui-port",
+                str(_free_port()),
+            ],
+            env=env,
+            stdout=worker_log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
         procs.append(worker)
         _wait_for(worker_log, "Successfully registered with master", worker)
         yield url, env, worker_log
@@ -92,14 +122,30 @@ def _operator_history(config: HistoryConfig, windows: int) -> None:
         for w in range(windows):
             level = 1000.0 + 0.7 * (level - 1000.0) + rng.normal(0, 50)
             start = pd.Timestamp(1_700_000_000 + 10 * w, unit="s", tz="UTC")
-            rows.append({"app": app, "operator": op, "window_start": start,
-                         "window_end": start + pd.Timedelta(seconds=10), "slot_first": w,
-                         "slot_last": w, "slots": 1, "samples": threads,
-                         "instances": float(threads), "stateful": False, "arrivals": level,
-                         "executed": level, "emitted": level * 2, "cpu_seconds": level * 0.002,
-                         "latency_sum_seconds": 1.0, "latency_count": 10.0,
-                         "service_seconds": 0.01, "queue_length": 1.0, "cap_cores": None,
-                         "batch_id": w})
+            rows.append(
+                {
+                    "app": app,
+                    "operator": op,
+                    "window_start": start,
+                    "window_end": start + pd.Timedelta(seconds=10),
+                    "slot_first": w,
+                    "slot_last": w,
+                    "slots": 1,
+                    "samples": threads,
+                    "instances": float(threads),
+                    "stateful": False,
+                    "arrivals": level,
+                    "executed": level,
+                    "emitted": level * 2,
+                    "cpu_seconds": level * 0.002,
+                    "latency_sum_seconds": 1.0,
+                    "latency_count": 10.0,
+                    "service_seconds": 0.01,
+                    "queue_length": 1.0,
+                    "cap_cores": None,
+                    "batch_id": w,
+                }
+            )
     frame = pd.DataFrame(rows)
     for w, part in frame.groupby("batch_id"):
         job.write_partitioned(part, config.operators_dir, S.OPERATOR_TABLE, int(w))
@@ -110,9 +156,23 @@ def test_fit_runs_on_a_standalone_master_and_worker(standalone_cluster, tmp_path
     config = HistoryConfig.under(tmp_path / "state")
     _operator_history(config, 40)
     proc = subprocess.run(
-        [sys.executable, "-m", "spark_stream.daemon", "fit", "--state-dir", str(tmp_path / "state"),
-         "--master", url, "--log-level", "WARNING"],
-        env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "spark_stream.daemon",
+            "fit",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--master",
+            url,
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f'"spark_master": "{url}"' in proc.stdout
     models = HistoryReader(config).models()
@@ -122,4 +182,7 @@ def test_fit_runs_on_a_standalone_master_and_worker(standalone_cluster, tmp_path
     assert int(perf.loc["count", "threads"]) == 4
     assert perf.loc["count", "kappa"] == pytest.approx(0.002)
     # The work ran in an executor the worker launched, not in the driver.
-    assert "Launching executor" in worker_log.read_text() or "Asked to launch executor" in worker_log.read_text()
+    assert (
+        "Launching executor" in worker_log.read_text()
+        or "Asked to launch executor" in worker_log.read_text()
+    )

@@ -52,12 +52,20 @@ def slot_samples(slot: int) -> tuple[list[dict], list[dict]]:
 def write_slots(writer, slots) -> None:
     for slot in slots:
         instances, nodes = slot_samples(slot)
-        writer.write_slot(slot, T0 + SLOT_SECONDS * slot, SLOT_SECONDS, instances, nodes,
-                          {"slot": slot, "caps": {"wc/split/0": 0.5}})
+        writer.write_slot(
+            slot,
+            T0 + SLOT_SECONDS * slot,
+            SLOT_SECONDS,
+            instances,
+            nodes,
+            {"slot": slot, "caps": {"wc/split/0": 0.5}},
+        )
 
 
 def expected_operator(app: str, operator: str, slot: int) -> dict:
     count = dict(((a, o), c) for a, o, c in OPERATORS)[(app, operator)]
     samples = [instance_sample(app, operator, i, slot) for i in range(count)]
-    return {k: sum(s[k] for s in samples) for k in ("arrivals", "executed", "emitted", "cpu_seconds",
-                                                    "queue_length")}
+    return {
+        k: sum(s[k] for s in samples)
+        for k in ("arrivals", "executed", "emitted", "cpu_seconds", "queue_length")
+    }

@@ -47,15 +47,30 @@ def test_slot_file_is_versioned_json_published_under_its_final_name(tmp_path):
         ({"slot_seconds": 0}, "slot_seconds"),
         ({"decision": {"x": object()}}, "decision"),
         ({"instances": [{"app": "a"}]}, "instances sample lacks"),
-        ({"instances": [dict(H.instance_sample("a", "b", 0, 0), arrivals=math.inf)]}, "instances.arrivals"),
-        ({"instances": [dict(H.instance_sample("a", "b", 0, 0), instance="0")]}, "instances.instance"),
+        (
+            {"instances": [dict(H.instance_sample("a", "b", 0, 0), arrivals=math.inf)]},
+            "instances.arrivals",
+        ),
+        (
+            {"instances": [dict(H.instance_sample("a", "b", 0, 0), instance="0")]},
+            "instances.instance",
+        ),
         ({"nodes": [dict(H.node_sample("n1", 0), node="")]}, "nodes.node"),
     ],
 )
-def test_bad_slot_input_is_a_value_error_naming_the_parameter_and_writes_nothing(tmp_path, change, message):
+def test_bad_slot_input_is_a_value_error_naming_the_parameter_and_writes_nothing(
+    tmp_path, change, message
+):
     instances, nodes = H.slot_samples(0)
-    args = {"slot": 0, "timestamp": H.T0, "slot_seconds": 10.0, "instances": instances,
-            "nodes": nodes, "decision": None, **change}
+    args = {
+        "slot": 0,
+        "timestamp": H.T0,
+        "slot_seconds": 10.0,
+        "instances": instances,
+        "nodes": nodes,
+        "decision": None,
+        **change,
+    }
     writer = _writer(tmp_path)
     with pytest.raises(ValueError, match=message):
         writer.write_slot(**args)
@@ -93,7 +108,9 @@ def test_config_defaults_live_under_the_state_dir_and_rebase(tmp_path):
     assert config.spark_master == "local[2]" and config.enabled
     moved = config.rebase(tmp_path / "b")
     assert moved.table_dir == tmp_path / "b/history/table"
-    explicit = HistoryConfig.under(tmp_path / "a", spool_dir=tmp_path / "shared").rebase(tmp_path / "c")
+    explicit = HistoryConfig.under(tmp_path / "a", spool_dir=tmp_path / "shared").rebase(
+        tmp_path / "c"
+    )
     assert explicit.spool_dir == tmp_path / "shared"
 
 
@@ -131,12 +148,20 @@ def test_daemon_reads_the_history_table_of_a_toml_file(tmp_path):
 def test_daemon_exits_nonzero_with_the_key_on_bad_config(tmp_path):
     toml = tmp_path / "bad.toml"
     toml.write_text("[history]\ntrigger_seconds = -1\n")
-    proc = subprocess.run([sys.executable, "-m", "spark_stream.daemon", "run", "--config", str(toml)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spark_stream.daemon", "run", "--config", str(toml)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "history.trigger_seconds" in proc.stderr
-    helptext = subprocess.run([sys.executable, "-m", "spark_stream.daemon", "--help"],
-                              capture_output=True, text=True, timeout=60).stdout
+    helptext = subprocess.run(
+        [sys.executable, "-m", "spark_stream.daemon", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert "run" in helptext and "fit" in helptext
 
 
@@ -166,8 +191,9 @@ def test_systemd_unit_verifies_with_the_installed_command(tmp_path):
     assert "ExecStart=/usr/local/bin/dsched-history run" in text
     local = tmp_path / unit.name
     local.write_text(text.replace("/usr/local/bin/dsched-history", str(command)))
-    proc = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", str(local)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -182,4 +208,7 @@ def test_table_retention_removes_only_partitions_older_than_the_limit(tmp_path):
     now = 1768046400.0  # 2026-01-10 12:00 UTC
     removed = prune_table(config, now=now)
     assert [p.name for p in removed] == ["date=2026-01-01"]
-    assert sorted(p.name for p in config.operators_dir.iterdir()) == ["date=2026-01-09", "date=2026-01-10"]
+    assert sorted(p.name for p in config.operators_dir.iterdir()) == [
+        "date=2026-01-09",
+        "date=2026-01-10",
+    ]

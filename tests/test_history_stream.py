@@ -90,9 +90,11 @@ def test_malformed_files_are_quarantined_with_reason_and_stream_continues(spark,
     # Placed on the slot clock (name) between good slots, as the writer would name them.
     (spool / "slot-000000000002-1700000020000.json").write_text('{"v": 1, "slot": 2, "times')
     (spool / "slot-000000000003-1700000030000.json").write_text(
-        json.dumps({"v": 99, "slot": 3, "timestamp": H.T0 + 30, "slot_seconds": 10.0}))
+        json.dumps({"v": 99, "slot": 3, "timestamp": H.T0 + 30, "slot_seconds": 10.0})
+    )
     (spool / "slot-000000000004-1700000040000.json").write_text(
-        json.dumps({"v": 1, "slot": 4, "slot_seconds": 10.0, "instances": []}))
+        json.dumps({"v": 1, "slot": 4, "slot_seconds": 10.0, "instances": []})
+    )
     job.run_available(spark, config)
     H.write_slots(writer, range(5, 8))
     job.run_available(spark, config)
@@ -123,8 +125,12 @@ def test_restart_after_crash_mid_batch_loses_and_duplicates_nothing(spark, tmp_p
                 return real.write(groups, batch_id)
             groups["window_start"] = job._utc(groups["window_start"])
             groups["window_end"] = job._utc(groups["window_end"])
-            job.write_partitioned(job.operator_windows(groups, batch_id), config.operators_dir,
-                                  job.S.OPERATOR_TABLE, batch_id)
+            job.write_partitioned(
+                job.operator_windows(groups, batch_id),
+                config.operators_dir,
+                job.S.OPERATOR_TABLE,
+                batch_id,
+            )
             raise RuntimeError("simulated crash in the middle of a batch")
 
     with pytest.raises(Exception, match="simulated crash"):
@@ -189,7 +195,9 @@ def test_fit_writes_arima_orders_and_perf_models_the_controller_loads(spark, tmp
     perf = models.perf.set_index(["app", "operator"])
     row = perf.loc[("wc", "count")]
     assert int(row["threads"]) == 3
-    peak = max(H.expected_operator("wc", "count", s)["executed"] for s in range(24)) / H.SLOT_SECONDS
+    peak = (
+        max(H.expected_operator("wc", "count", s)["executed"] for s in range(24)) / H.SLOT_SECONDS
+    )
     assert row["peak_rate"] == pytest.approx(peak)
     assert row["kappa"] == pytest.approx(0.001)
     assert row["selectivity"] == pytest.approx(2.0)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from predict.queueing import (
     WAIT_MODELS,
     allen_cunneen_wait,
+    allen_cunneen_wait_array,
     allen_cunneen_wait_many,
     busy_probability,
     erlang_c,
@@ -208,6 +209,9 @@ def test_vectorised_versions_agree_with_scalar():
     waits = allen_cunneen_wait_many(lam, many, m, ca2, cs2)
     assert np.all(waits <= t * (1 + 1e-9))
     assert np.isinf(allen_cunneen_wait_many(5.0, 1.0, 2, 1, 1))
+    np.testing.assert_allclose(
+        allen_cunneen_wait_array(lam, many, m, (ca2 + cs2) / 2), waits, rtol=1e-12
+    )
 
 
 def test_vectorised_bad_input():

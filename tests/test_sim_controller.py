@@ -158,5 +158,6 @@ def test_bench_scale_reports_controller_cost(tmp_path):
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["controller_epoch_seconds_median"] > 0
+    assert doc["controller_epoch_cpu_seconds_median"] > 0
     assert doc["controller_peak_rss_bytes"] > 0
     assert list(doc["policies"]) == ["dsched"]

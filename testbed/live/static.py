@@ -16,16 +16,22 @@ testbed's capacity spread evenly over all executors, the paper's 0.7 core
 scaled), ``static-0.3`` (3/7 of it), ``uncapped`` and ``equal`` (per-operator
 caps whose total matches a measured allocation).
 
-**Short GIL holds.** Instances are threads of one Python process. A thread
-throttled by CFS while it holds the GIL blocks every other thread of the
-process until its next period. The stock engine burns a tuple's CPU as a loop
-of sha256 calls over 64 KiB (the GIL is taken back between calls, many times
-per tuple); :class:`SliceBurnTopology` makes it one sha256 call over a
-memoryview slice of a large buffer, so an instance holds the GIL only for the
-few bookkeeping instructions of a tuple and is almost always throttled inside
-the GIL-free hash. It can also be aborted: a backlog left by an
-under-provisioned contender is dropped (and counted) instead of burning CPU
-during the next contender's run.
+**CPU work outside the engine's threads.** Instances are threads of one
+Python process. A thread throttled by CFS while it holds the GIL blocks every
+other thread of the process until its next period, so capping engine threads
+also slows the instances that are not throttled (figures in
+docs/live-benchmark.md). :class:`SliceBurnTopology` burns a tuple's CPU in one
+sha256 call over a memoryview slice of a large buffer, and by default in a
+:class:`CpuWorker`: a single-threaded process per instance, whose thread is
+the one registered with the agent and capped, while the engine thread keeps
+queueing, routing, acking and state. It can also be aborted: a backlog left by
+an under-provisioned contender is dropped (and counted) instead of burning
+CPU during the next contender's run.
+
+**The run's own CPU.** :class:`Reservation` gives a benchmark run a cgroup of
+its own with a high ``cpu.shares`` (``testbed/`` for the instance tree,
+``harness/`` for everything else the run starts), so that it gets its promised
+capacity on a shared machine, and removes it all at the end.
 """
 
 from __future__ import annotations

@@ -60,7 +60,6 @@ def run_live(setup: CalibrationSetup, mount: Path = CPU_MOUNT) -> CalibrationFig
     _write(top / "cpu.shares", "65536\n")
     harness = top / "harness"
     harness.mkdir(exist_ok=True)
-    rng = random.Random(setup.seed)
     arrivals = traces.poisson_arrivals(setup.rate, setup.seconds, seed=setup.seed)
     queues = [queue.SimpleQueue() for _ in setup.work_ms]
     done: list[float] = []
@@ -108,18 +107,27 @@ def run_live(setup: CalibrationSetup, mount: Path = CPU_MOUNT) -> CalibrationFig
     os.rmdir(harness)
     os.rmdir(top)
     lat = np.array(done)
-    rng.random()
     return CalibrationFigures(
-        float(lat.mean() * 1000), float(np.quantile(lat, 0.99) * 1000),
-        [c / elapsed for c in cpu], len(lat),
+        float(lat.mean() * 1000),
+        float(np.quantile(lat, 0.99) * 1000),
+        [c / elapsed for c in cpu],
+        len(lat),
     )
 
 
 def run_sim(setup: CalibrationSetup, step_seconds: float = 0.005) -> CalibrationFigures:
     ops = tuple(OperatorSpec(f"op{k}", w / 1000.0, 1.0) for k, w in enumerate(setup.work_ms))
     app = AppSpec("cal", "gold", ops, ArrivalSpec("poisson", rate=setup.rate))
-    sc = Scenario("calibration", 1, 2.0, (app,), epochs=1, epoch_seconds=setup.seconds,
-                  step_seconds=step_seconds, seed=setup.seed)
+    sc = Scenario(
+        "calibration",
+        1,
+        2.0,
+        (app,),
+        epochs=1,
+        epoch_seconds=setup.seconds,
+        step_seconds=step_seconds,
+        seed=setup.seed,
+    )
     sim = ClusterSim(sc, max_parallelism=1)
     for op in range(sim.n_ops):
         sim.set_parallelism(op, 1, [0])
@@ -133,6 +141,8 @@ def run_sim(setup: CalibrationSetup, step_seconds: float = 0.005) -> Calibration
     cw = np.cumsum(rec.count[order])
     p99 = rec.latency_s[order][np.searchsorted(cw, 0.99 * cw[-1])]
     return CalibrationFigures(
-        float((rec.latency_s * rec.count).sum() / rec.count.sum() * 1000), float(p99 * 1000),
-        (sim.cpu_seconds[: sim.n_ops] / setup.seconds).tolist(), int(rec.count.sum()),
+        float((rec.latency_s * rec.count).sum() / rec.count.sum() * 1000),
+        float(p99 * 1000),
+        (sim.cpu_seconds[: sim.n_ops] / setup.seconds).tolist(),
+        int(rec.count.sum()),
     )

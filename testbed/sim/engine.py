@@ -120,6 +120,10 @@ class ClusterSim:
         self.node = np.zeros(n, dtype=np.int64)
         self.cap = np.full(n, UNCAPPED)
         self.paused_until = np.zeros(n)
+        # CFS bandwidth control period (the kernel's default cpu.cfs_period_us).
+        self.cfs_period_s = 0.1
+        self.quota_left = np.full(n, np.inf)
+        self._period_index = -1
         self.op_k = np.zeros(self.n_ops, dtype=np.int64)
         self.op_rot = np.zeros(self.n_ops, dtype=np.int64)
         self.cores = np.full(scenario.nodes, float(scenario.cores_per_node))
@@ -238,27 +242,40 @@ class ClusterSim:
         feeding[self.op_next[has_next]] = op_busy[has_next] | (in_count[has_next] > 0)
         busy = (self.size > 0) | ((in_count > 0) | feeding)[self.inst_op]
         running = alive & busy & (self.paused_until <= t0)
-        limit = np.where(running, np.minimum(self.cap, 1.0), 0.0)
-        # What a thread can use this step: its backlog plus what usually arrives.
-        # Under contention CFS gives each runnable thread up to the fair level;
-        # an idle thread takes nothing from the others.
-        need = np.minimum(limit, self.queued_work / dt + self.work_rate)
+        # CFS bandwidth control: a capped thread runs at full speed until its
+        # quota (cap x period) is spent, then waits for the next period.
+        period = self.cfs_period_s
+        if dt >= period or int(t0 / period + 1e-9) != self._period_index:
+            self._period_index = int(t0 / period + 1e-9)
+            self.quota_left = np.where(np.isfinite(self.cap), self.cap * max(period, dt), np.inf)
+        limit = np.where(running & (self.quota_left > 1e-12), 1.0, 0.0)
+        # What a thread can use this step: its backlog plus what usually arrives,
+        # and no more than its quota. Under contention CFS gives each runnable
+        # thread up to the fair level; an idle thread takes nothing.
+        need = np.minimum(
+            np.minimum(limit, self.quota_left / dt), self.queued_work / dt + self.work_rate
+        )
         level = fair_level(need, self.node, self.cores)
         alloc = np.minimum(limit, level[self.node])
         slow = self.node_slowdown[self.node]
         rate = alloc / slow
         busy_time = np.zeros(self.n_inst)
+        cpu_left = self.quota_left.copy()
         for stage in range(self.n_stages):
             slots = self.stage_slots[stage]
             ops_here = np.flatnonzero((self.op_stage == stage) & (in_count > 0))
             if len(ops_here):
                 self._enqueue(ops_here, in_count, in_tsum, in_birth)
-            in_count, in_tsum, in_birth = self._serve(slots, rate, t0, t1, busy_time)
+            in_count, in_tsum, in_birth = self._serve(
+                slots, rate, alloc, cpu_left, t0, t1, busy_time
+            )
         used = alloc * busy_time
+        self.quota_left = cpu_left
         self.cpu_seconds += used
         self.busy_seconds += busy_time
-        capped = self.cap < 1.0
-        self.throttled_seconds += np.where(capped & (alloc >= self.cap - 1e-12), busy_time, 0.0)
+        # Throttled: work waiting while the quota is spent.
+        spent = np.isfinite(self.cap) & (cpu_left <= 1e-12) & (self.size > 0)
+        self.throttled_seconds += np.where(spent, dt - busy_time, 0.0)
         mbw = used * self.op_mbw[self.inst_op]
         self.mbw_seconds += mbw
         util = np.bincount(self.node, mbw, minlength=sc.nodes) / (dt * self.cores)
@@ -327,13 +344,16 @@ class ClusterSim:
             self.pool_pos[g] = int(ends[-1]) if len(ends) else self.pool_pos[g]
         return work
 
-    def _serve(
-        self, slots: np.ndarray, rate: np.ndarray, t0: float, t1: float, busy_time: np.ndarray
-    ):
+    def _serve(self, slots, rate, alloc, cpu_left, t0: float, t1: float, busy_time: np.ndarray):
         local = np.full(len(slots), t0)
         nxt = (np.zeros(self.n_ops, dtype=np.int64), np.zeros(self.n_ops), np.zeros(self.n_ops))
         while True:
-            ok = (self.size[slots] > 0) & (rate[slots] > 0) & (local < t1 - 1e-12)
+            ok = (
+                (self.size[slots] > 0)
+                & (rate[slots] > 0)
+                & (local < t1 - 1e-12)
+                & (cpu_left[slots] > 1e-12)
+            )
             if not ok.any():
                 break
             where = np.flatnonzero(ok)
@@ -343,7 +363,9 @@ class ClusterSim:
             r = rate[inst]
             need = self.q_work[h] / r
             finish = begin + need
-            done = finish <= t1
+            # The quota may run out before the step ends.
+            stop = np.minimum(t1, begin + cpu_left[inst] / alloc[inst])
+            done = finish <= stop
             start = self.q_start[h]
             start = np.where(np.isnan(start), begin, start)
             part = ~done
@@ -351,7 +373,9 @@ class ClusterSim:
                 # A cohort served only partly: its messages finish one by one, so
                 # the served share of its work finishes the same share of them.
                 ip, hp = inst[part], h[part]
-                served = r[part] * (t1 - begin[part])
+                ran = np.maximum(stop[part] - begin[part], 0.0)
+                served = r[part] * ran
+                cpu_left[ip] -= alloc[ip] * ran
                 n = self.q_count[hp]
                 # Progress accumulates across steps: a slow instance finishes a
                 # message of a large cohort after several steps, not never.
@@ -360,7 +384,7 @@ class ClusterSim:
                 self.q_frac[hp] = np.where(m < n - 1, progress - m, 0.0)
                 self.q_work[hp] -= served
                 self.queued_work[ip] -= served
-                busy_time[ip] += t1 - begin[part]
+                busy_time[ip] += ran
                 local[where[part]] = t1
                 self.q_start[hp] = np.where(m > 0, t1, start[part])
                 if m.any():
@@ -373,6 +397,7 @@ class ClusterSim:
             if done.any():
                 i_d, h_d = inst[done], h[done]
                 busy_time[i_d] += need[done]
+                cpu_left[i_d] -= alloc[i_d] * need[done]
                 local[where[done]] = finish[done]
                 n = self.q_count[h_d]
                 birth = self.q_birth[h_d]

@@ -78,6 +78,7 @@ class AgentClient:
         stateful: bool,
         tid: int | None = None,
         upstream: tuple[str, ...] | list[str] = (),
+        pid: int | None = None,
     ) -> None:
         """Register a thread of an instance. ``upstream`` names the operators that
         feed this one, so the controller learns the application's DAG."""
@@ -95,7 +96,9 @@ class AgentClient:
             "instance": instance,
             "worker": worker,
             "stateful": stateful,
-            "pid": os.getpid(),
+            # Another process's thread (an instance's CPU worker, say) may
+            # only be registered by root; the agent checks peer credentials.
+            "pid": os.getpid() if pid is None else pid,
             "tid": tid,
             "upstream": list(upstream),
         }

@@ -51,12 +51,10 @@ from testbed import traces
 from testbed.live import http_monitor as httpmon
 from testbed.live import wordcount as wc
 from testbed.live.cluster import CGROUP_V1_CPU, LocalCluster, NodeSpec
-from testbed.live.engine import TopologySpec
+from testbed.live.engine import CPU_MODES, LiveTopology, TopologySpec
 from testbed.live.static import (
-    CPU_MODES,
     Reservation,
     Scale,
-    SliceBurnTopology,
     StaticCaps,
     release_and_remove,
     static_caps,
@@ -248,7 +246,7 @@ class Samples:
 class Sampler:
     """Reads the instances' CPU from procfs and their caps from the cgroup files."""
 
-    def __init__(self, topo: SliceBurnTopology, backend, t0: float, cluster: LocalCluster | None):
+    def __init__(self, topo: LiveTopology, backend, t0: float, cluster: LocalCluster | None):
         self.topo, self.backend, self.t0, self.cluster = topo, backend, t0, cluster
         self.samples = Samples()
         self._lock = threading.Lock()
@@ -365,7 +363,7 @@ def run_contender(
     res = settings.reservation
     backend = res.backend(period)
     cluster: LocalCluster | None = None
-    topo: SliceBurnTopology | None = None
+    topo: LiveTopology | None = None
     sampler: Sampler | None = None
     try:
         agent_socket = None
@@ -395,7 +393,7 @@ def run_contender(
             )
             cluster.start()
             agent_socket = str(cluster.agents["local"].socket)
-        topo = SliceBurnTopology(
+        topo = LiveTopology(
             scn.spec,
             scn.rate_function(settings.warmup),
             node="local",
@@ -452,7 +450,7 @@ def summarize(
     name: str,
     scn: Scenario,
     settings: RunSettings,
-    topo: SliceBurnTopology,
+    topo: LiveTopology,
     samples: Samples,
     unfinished: int,
     drained_at: float,

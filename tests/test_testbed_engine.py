@@ -75,3 +75,55 @@ def test_cost_model_of_a_topology():
 def test_bad_topologies_are_refused(make):
     with pytest.raises(ValueError):
         make()
+
+
+@pytest.mark.parametrize("cpu", ["process", "thread"])
+def test_both_cpu_modes_burn_where_they_say(cpu):
+    import os
+
+    spec = wordcount(parallelism=1, source_ms=0.05, split_ms=2.0, count_ms=0.05)
+    topo = LiveTopology(spec, lambda t: 100.0, cpu=cpu)
+    topo.start()
+    try:
+        (split,) = topo.instances["split"]
+        pid, tid = split.cpu_pid_tid
+        if cpu == "process":
+            assert pid != os.getpid() and tid == pid and split.cpu_worker.process.poll() is None
+        else:
+            assert pid == os.getpid() and tid == split.native_id
+        time.sleep(0.5)
+    finally:
+        stats = topo.stop()
+    assert stats.completed == stats.roots > 0 and stats.lost == 0
+    assert all(
+        i.cpu_worker is None or i.cpu_worker.process.poll() is not None
+        for i in topo.all_instances()
+    )
+
+
+def test_abort_drops_the_backlog_and_stops_every_process():
+    spec = wordcount(parallelism=1, source_ms=0.05, split_ms=20.0, count_ms=0.05)
+    topo = LiveTopology(spec, lambda t: 500.0, cpu="process")  # far beyond one core
+    topo.start()
+    time.sleep(0.5)
+    unfinished = topo.abort()
+    assert unfinished > 0 and topo.stats().lost == unfinished
+    assert not any(i.thread.is_alive() for i in topo.all_instances())
+    assert all(i.cpu_worker.process.poll() is not None for i in topo.all_instances())
+
+
+def test_group_keys_route_on_a_field_of_the_value_and_bad_options_are_refused():
+    spec = wordcount(parallelism=3, source_ms=0, split_ms=0, count_ms=0)
+    with pytest.raises(ValueError, match="cpu"):
+        LiveTopology(spec, lambda t: 1.0, cpu="gpu")
+    with pytest.raises(ValueError, match="unknown operators"):
+        LiveTopology(spec, lambda t: 1.0, group_keys={"nope": str})
+    # Key every word on its first letter: words sharing it share an instance.
+    topo = LiveTopology(spec, lambda t: 300.0, cpu="thread", group_keys={"count": lambda v: v[0]})
+    topo.start()
+    time.sleep(0.4)
+    topo.stop()
+    owner: dict[str, int] = {}
+    for inst in topo.instances["count"]:
+        for word in inst.state:
+            assert owner.setdefault(word[0], inst.index) == inst.index

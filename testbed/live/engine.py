@@ -1,10 +1,19 @@
 """A small real stream engine: one OS thread per operator instance, real CPU work.
 
 Each instance thread takes tuples from its queue, burns the operator's CPU
-cost with hashlib on 64 KiB buffers (which releases the GIL, so instances run
-in parallel and a cgroup cap on a thread cuts its throughput in proportion),
-applies the operator's function and routes what it emits downstream by
-shuffle or fields grouping.
+cost with hashlib on 64 KiB chunks, applies the operator's function and routes
+what it emits downstream by shuffle or fields grouping.
+
+Where the CPU is burnt matters under caps. Threads of one Python process share
+the GIL, and a thread that CFS throttles while it holds the GIL stalls every
+other thread of its process until its next period: capping engine threads
+slows the instances that are not throttled too (measured in
+docs/live-benchmark.md: mean latency 13 ms uncapped, 400 ms capped, where a
+JVM worker would show no such coupling). So by default (``cpu="process"``)
+each instance burns its CPU in a :class:`CpuWorker`, a single-threaded
+process whose thread is the one registered with the agent and capped, while
+the instance thread keeps queueing, routing, acking and state. ``cpu="thread"``
+burns in the instance thread itself (no root needed to register it).
 
 Every root tuple is tracked Storm-style by an acker: a root is complete when
 its whole tree has been processed; its complete latency is measured from
@@ -21,6 +30,9 @@ import logging
 import os
 import queue
 import random
+import struct
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -60,17 +72,92 @@ def hash_seconds() -> float:
     return _HASH_SECONDS
 
 
-def burn(cpu_seconds: float, rng: random.Random) -> None:
-    """Spend about ``cpu_seconds`` of CPU hashing 64 KiB chunks, GIL released."""
+def chunks_for(cpu_seconds: float, rng: random.Random) -> int:
+    """How many 64 KiB chunks cost ``cpu_seconds``; randomized rounding keeps the
+    mean exact for costs of a few chunks."""
     n = cpu_seconds / hash_seconds()
     whole = int(n)
-    # Randomized rounding keeps the mean cost exact for costs of a few chunks.
-    if rng.random() < n - whole:
-        whole += 1
-    while whole > 0:
-        k = min(whole, _CHUNKS)
+    return whole + 1 if rng.random() < n - whole else whole
+
+
+def burn_chunks(chunks: int) -> None:
+    while chunks > 0:
+        k = min(chunks, _CHUNKS)
         hashlib.sha256(_BUFFER[: k * CHUNK]).digest()
-        whole -= k
+        chunks -= k
+
+
+def burn(cpu_seconds: float, rng: random.Random) -> None:
+    """Spend about ``cpu_seconds`` of CPU hashing 64 KiB chunks, GIL released."""
+    burn_chunks(chunks_for(cpu_seconds, rng))
+
+
+# The CPU-work process of one instance: reads a chunk count (4 bytes, little
+# endian), hashes that many 64 KiB chunks, answers one byte. It exits when its
+# input closes, so it never outlives the engine that started it.
+_CPU_WORKER_SOURCE = """
+import hashlib, os, struct
+chunk, per_call = 64 * 1024, 64
+buf = memoryview(bytes(chunk * per_call))
+os.write(1, b"r")
+while True:
+    head = os.read(0, 4)
+    if len(head) < 4:
+        break
+    n = struct.unpack("<I", head)[0]
+    while n > 0:
+        k = min(n, per_call)
+        hashlib.sha256(buf[: k * chunk]).digest()
+        n -= k
+    os.write(1, b"d")
+"""
+
+CPU_MODES = ("process", "thread")
+
+
+class CpuWorker:
+    """A single-threaded process doing one instance's per-tuple CPU work."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _CPU_WORKER_SOURCE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self._in = self.process.stdin.fileno()
+        self._out = self.process.stdout.fileno()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_ready(self) -> None:
+        if os.read(self._out, 1) != b"r":
+            raise RuntimeError(f"CPU worker {self.pid} did not start")
+
+    def burn_chunks(self, chunks: int) -> None:
+        if chunks <= 0:
+            return
+        os.write(self._in, struct.pack("<I", min(chunks, 0xFFFFFFFF)))
+        if os.read(self._out, 1) != b"d":
+            raise RuntimeError(f"CPU worker {self.pid} exited")
+
+    def close(self, timeout: float = 2.0) -> None:
+        for f in (self.process.stdin, self.process.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def default_cpu_mode() -> str:
+    """``process`` where the agent will accept another process's thread (root)."""
+    return "process" if os.geteuid() == 0 else "thread"
 
 
 @dataclass(frozen=True)
@@ -215,24 +302,38 @@ class Instance:
         self.counters = InstanceCounters()
         self.state: dict = {}
         self.native_id: int | None = None
+        self.cpu_worker: CpuWorker | None = None
         self.started = threading.Event()
         self.rng = random.Random(hash((engine.spec.app, spec.name, index, engine.seed)))
         self.thread = threading.Thread(
             target=self._run, name=f"{engine.spec.app}.{spec.name}.{index}", daemon=True
         )
 
+    @property
+    def cpu_pid_tid(self) -> tuple[int, int]:
+        """The OS thread that does this instance's CPU work (the one to cap)."""
+        if self.cpu_worker is not None:
+            return self.cpu_worker.pid, self.cpu_worker.pid
+        return os.getpid(), self.native_id
+
     def _run(self) -> None:
         self.native_id = threading.get_native_id()
         self.started.set()
         eng, cost = self.engine, self.spec.cost_ms / 1000.0
+        children = eng.children[self.spec.name]
+        burn_chunks_here = self.cpu_worker.burn_chunks if self.cpu_worker else burn_chunks
         while True:
             t = self.queue.get()
-            if t is None:
+            if t is None or eng.aborted.is_set():
                 return
             start = time.perf_counter()
-            burn(cost, self.rng)
+            try:
+                burn_chunks_here(chunks_for(cost, self.rng))
+            except (OSError, RuntimeError):
+                if eng.aborted.is_set():
+                    return
+                raise
             out = self.spec.fn(t, self.state)
-            children = eng.children[self.spec.name]
             sent = len(out) * len(children)
             # Ack before routing: a child processed at once must find its
             # parent's emissions already counted, or the tree would complete early.
@@ -242,7 +343,10 @@ class Instance:
                     eng.route(child, Tuple(t.root, (*t.tid, ci, j), t.created, key, value))
             c = self.counters
             c.executed += 1
-            c.emitted += sent
+            # Storm's "emitted" (tuples per output stream), not "transferred"
+            # (times the number of subscribers): the controller multiplies it by
+            # the parent's rate for each child.
+            c.emitted += len(out)
             c.service_seconds += time.perf_counter() - start
             if latency is not None:
                 c.latency_sum_seconds += latency
@@ -261,7 +365,20 @@ class LiveTopology:
         agent_socket: str | None = None,
         timeout_seconds: float = 30.0,
         seed: int = 0,
+        cpu: str | None = None,
+        group_keys: dict[str, Callable[[Any], str]] | None = None,
     ):
+        """``cpu``: where instances burn their CPU (``process`` or ``thread``; default
+        :func:`default_cpu_mode`). ``group_keys``: fields grouping of an operator on
+        a function of the tuple's value instead of its key (operator -> function)."""
+        self.cpu = cpu or default_cpu_mode()
+        if self.cpu not in CPU_MODES:
+            raise ValueError(f"cpu must be one of {', '.join(CPU_MODES)}, got {cpu!r}")
+        self.group_keys = dict(group_keys or {})
+        unknown = set(self.group_keys) - {o.name for o in spec.operators}
+        if unknown:
+            raise ValueError(f"group_keys names unknown operators {sorted(unknown)}")
+        self.aborted = threading.Event()
         self.spec = spec
         self.rate = rate
         self.node = node
@@ -293,9 +410,11 @@ class LiveTopology:
     def route(self, operator: str, t: Tuple) -> None:
         insts = self.instances[operator]
         if self._grouping[operator] == "fields":
+            key_of = self.group_keys.get(operator)
+            key = t.key if key_of is None else key_of(t.value)
             # crc32, not hash(): the same key must land on the same instance in
             # every process, so that state can move between workers.
-            idx = zlib.crc32(t.key.encode()) % len(insts)
+            idx = zlib.crc32(key.encode()) % len(insts)
         else:
             idx = next(self._rr[operator])
         inst = insts[idx]
@@ -330,13 +449,15 @@ class LiveTopology:
 
         self._client = AgentClient(self._agent_socket)
         for inst in self.all_instances():
+            pid, tid = inst.cpu_pid_tid
             self._client.register(
                 self.spec.app,
                 inst.spec.name,
                 inst.index,
                 inst.worker,
                 inst.spec.stateful,
-                tid=inst.native_id,
+                tid=tid,
+                pid=pid,
                 upstream=inst.spec.upstream,
             )
 
@@ -364,6 +485,12 @@ class LiveTopology:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        hash_seconds()  # calibrate before the clock starts
+        if self.cpu == "process":
+            for inst in self.all_instances():
+                inst.cpu_worker = CpuWorker()
+            for inst in self.all_instances():
+                inst.cpu_worker.wait_ready()
         for inst in self.all_instances():
             inst.thread.start()
         for inst in self.all_instances():
@@ -392,22 +519,45 @@ class LiveTopology:
         return self.acker.in_flight == 0
 
     def stop(self, drain_timeout: float = 60.0) -> TopologyStats:
+        """Stop input, wait for the tuples in flight, then stop every instance."""
         self.stop_input()
         drained = self.drain(drain_timeout)
-        for inst in self.all_instances():
-            inst.queue.put(None)
-        for inst in self.all_instances():
-            inst.thread.join(timeout=5)
-        if self._reporter is not None:
-            self._reporter.join(timeout=2)
-        if self._client is not None:
-            self.push_counters()
-            for inst in self.all_instances():
-                self._client.unregister(self.spec.app, inst.spec.name, inst.index)
-            self._client.close()
+        self._shutdown(push_counters=True)
         stats = self.stats()
         stats.drained = drained
         return stats
+
+    def abort(self) -> int:
+        """Stop input and every instance now, dropping the backlog; returns the
+        roots left unfinished (counted as lost by ``stats``)."""
+        self.stop_input()
+        self.aborted.set()
+        self._shutdown(push_counters=False)
+        return self.acker.in_flight
+
+    def _shutdown(self, push_counters: bool) -> None:
+        for inst in self.all_instances():
+            inst.queue.put(None)
+        for inst in self.all_instances():
+            if inst.cpu_worker is not None:
+                # Closing its pipe ends a CPU worker; an aborted instance thread
+                # blocked on it wakes with an error and exits.
+                if self.aborted.is_set():
+                    inst.cpu_worker.close()
+        for inst in self.all_instances():
+            if inst.thread.is_alive():
+                inst.thread.join(timeout=5)
+            if inst.cpu_worker is not None:
+                inst.cpu_worker.close()
+        if self._reporter is not None:
+            self._reporter.join(timeout=2)
+        if self._client is not None:
+            if push_counters:
+                self.push_counters()
+            for inst in self.all_instances():
+                self._client.unregister(self.spec.app, inst.spec.name, inst.index)
+            self._client.close()
+            self._client = None
 
     def stats(self) -> TopologyStats:
         a = self.acker

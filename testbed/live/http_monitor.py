@@ -13,7 +13,7 @@ the alarms. Per-tuple CPU is set per operator (``costs_ms``).
 
 Each counter is fields-grouped on a different field, which the stock engine's
 "fields by tuple key" cannot express; :data:`GROUP_KEYS` names the field per
-operator for :class:`testbed.live.static.SliceBurnTopology` (``group_keys=``).
+operator for :class:`testbed.live.engine.LiveTopology` (``group_keys=``).
 """
 
 from __future__ import annotations

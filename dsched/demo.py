@@ -105,18 +105,29 @@ def epoch_table(rec: dict[str, Any]) -> Table:
     return t
 
 
-def cap_errors(records: list[dict[str, Any]]) -> list[float]:
-    """|usage − cap| of capped instances that the kernel throttled during a slot
-    whose cap did not change (a cap changed mid-slot has no single target)."""
+def cap_errors(records: list[dict[str, Any]], saturated_fraction: float = 0.5) -> list[float]:
+    """|usage − cap| of saturated capped instances.
+
+    An instance is saturated in a slot when it wanted more CPU than its cap for
+    most of the slot. The kernel says so: a thread capped at c cores that is
+    runnable all the time is throttled for (1 − c) of every period, so
+    ``throttled_seconds / ((1 − c) · slot)`` is the part of the slot it spent
+    held back. A brief burst also shows some throttling but says nothing about
+    how well the cap holds, so only slots held back for at least
+    ``saturated_fraction`` count, and only when the cap did not change during
+    the slot (a cap changed mid-slot has no single target).
+    """
     errors = []
     prev_caps: dict[tuple, float | None] = {}
     for rec in records:
+        slot = rec["slot_seconds"]
         for i in rec["instances"]:
             key = (i["app"], i["operator"], i["instance"])
             cap = i.get("cap_in_force")
             throttled = i.get("throttled_seconds") or 0.0
-            if cap and throttled > 0 and prev_caps.get(key) == cap:
-                errors.append(abs(i["usage_cores"] - cap))
+            if cap and cap < 1 and prev_caps.get(key) == cap:
+                if throttled >= saturated_fraction * (1 - cap) * slot:
+                    errors.append(abs(i["usage_cores"] - cap))
             prev_caps[key] = cap
     return errors
 

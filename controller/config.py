@@ -113,6 +113,11 @@ class ControllerConfig:
     allocator: str = "qos-dp"
     # A name from controller.placement.STRATEGIES, or `none` (never plan moves).
     placement: str = "liu"
+    # Who carries out planned moves in enforce mode: `log-only` (plan and record,
+    # move nothing: for engines without an actuator) or `testbed` (the live
+    # testbed's move endpoint at `move_url`). Dry-run always logs only.
+    move_actuator: str = "log-only"
+    move_url: str = ""
     qos: QosConfig = field(default_factory=QosConfig)
     # Squared coefficients of variation of inter-arrival and service times used by
     # the Allen–Cunneen latency model (1.0 = Poisson-like).
@@ -161,6 +166,19 @@ class ControllerConfig:
             self.placement in placements,
             "placement",
             f"unknown placement {self.placement!r} (known: {', '.join(placements)})",
+        )
+        from controller.migration import MOVE_ACTUATORS
+
+        require(
+            self.move_actuator in MOVE_ACTUATORS,
+            "move_actuator",
+            f"unknown move actuator {self.move_actuator!r} "
+            f"(known: {', '.join(sorted(MOVE_ACTUATORS))})",
+        )
+        require(
+            self.move_actuator != "testbed" or self.move_url.startswith(("http://", "https://")),
+            "move_url",
+            "the testbed move actuator needs an http(s):// URL",
         )
         require(self.arrival_scv >= 0, "arrival_scv", "must be >= 0")
         require(self.service_scv >= 0, "service_scv", "must be >= 0")

@@ -27,7 +27,15 @@ from controller.demand import (
 from controller.explain import build_record
 from controller.hysteresis import HysteresisState
 from controller.metrics import ControllerMetrics
+from controller.migration import LogOnlyMoveActuator, get_move_actuator
 from controller.model import InstanceKey, OperatorKey
+from controller.placement import get_strategy
+from controller.placement_stage import (
+    current_from_histories,
+    dags_from_topologies,
+    placement_summary,
+    plan_placement,
+)
 from controller.qos import QosRegistry
 from controller.state import ClusterState
 from controller.store import StateStore
@@ -98,8 +106,15 @@ class Controller:
         self.sessions = AgentSessions()
         self.metrics = ControllerMetrics(lambda: self.last_record)
         self.allocator = build_allocator(config)
+        self._placer = None if config.placement == "none" else get_strategy(config.placement)
+        self._mover = get_move_actuator(
+            config.move_actuator,
+            **({"url": config.move_url} if config.move_actuator == "testbed" else {}),
+        )
         self.qos = QosRegistry(config.qos, self.store)
         self.sources = pipeline.SourceHistory(config.arima_history) if config.arima else None
+        # Last measured CPU per tuple of each operator (for operators idle this window).
+        self._kappa: dict = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -228,9 +243,10 @@ class Controller:
             now = self.clock()
             self.epoch += 1
             cfg = self.config
+            self.state.forget_vanished(now)
             views = pipeline.evaluate(self.state, cfg.phi)
             t_forecast = time.perf_counter()
-            forecasts = pipeline.forecast(views, cfg.phi, self.sources)
+            forecasts = pipeline.forecast(views, cfg.phi, self.sources, self._kappa)
             t_demand = time.perf_counter()
             if self.sources is not None:
                 self.sources.forget_except(set(views))
@@ -257,7 +273,6 @@ class Controller:
             self.metrics.allocation_duration.observe(time.perf_counter() - t_alloc)
             if alloc.dp is not None:
                 self.metrics.dp_duration.observe(alloc.dp.seconds)
-            placement = self.placement_hook(alloc)
             max_cap = {k: capacity.get(d.node, float("inf")) for k, d in demands.items()}
             t_hyst = time.perf_counter()
             steps = pipeline.apply_hysteresis(
@@ -318,11 +333,12 @@ class Controller:
                 predicted_violation=predicted_violation,
                 capacity=capacity,
                 room=room,
-                placement=placement,
+                placement={"strategy": cfg.placement, "overflow_cores": dict(alloc.overflow)},
                 actuator=actuator.name,
                 acted=acted,
                 rejected={r: n for r, n in new_rejections.items() if n},
             )
+            record["placement"].update(self._place(record, capacity))
             for row in record["apps"]:
                 if row["violation"]:
                     self.metrics.qos_violations.labels(row["app"], row["class"]).inc()
@@ -360,13 +376,41 @@ class Controller:
         limits = self.config.node_capacity_cores
         return {n: min(c, limits.get(n, c)) for n, c in reported.items()}
 
-    def placement_hook(self, alloc: pipeline.Allocation) -> dict[str, Any]:
-        """Where placement (DESIGN §4 step 7) runs: it receives the per-node overflow.
-        Not wired yet: the overflow is cut by class weight and recorded."""
+    def _place(self, record: dict[str, Any], capacity: dict[str, float]) -> dict[str, Any]:
+        """DESIGN §4 step 7: plan moves when a node is overloaded or can be emptied,
+        and have the move actuator carry them out (only in enforce mode). Until
+        the instances have moved, the overflow stays cut by class weight."""
+        if self._placer is None:
+            return {"planned": False}
+        try:
+            plan = plan_placement(
+                record,
+                capacity=capacity,
+                current=current_from_histories(self.state.histories),
+                strategy=self._placer,
+                headroom_cores=self.config.headroom_cores,
+                dags=dags_from_topologies(self.state.topologies),
+            )
+        except ValueError as exc:
+            # Caps are decided already; a placement that cannot be planned this
+            # epoch is recorded, not allowed to take the epoch down with it.
+            log.error("epoch %d: no placement plan: %s", self.epoch, exc)
+            return {"planned": False, "error": str(exc)}
+        if plan is None:
+            return {"planned": False, "affected_workers": 0}
+        mover = self._mover if self.mode == "enforce" else LogOnlyMoveActuator()
+        try:
+            result = mover.execute(plan).to_dict()
+        except (OSError, ValueError, RuntimeError) as exc:
+            # A failed move leaves every instance where it was (the actuator
+            # rolls back); the next epoch plans again from what is measured.
+            log.error("moves of epoch %d failed: %s", self.epoch, exc)
+            result = {"error": str(exc)}
         return {
-            "strategy": self.config.placement,
-            "overflow_cores": dict(alloc.overflow),
-            "planned": False,
+            "planned": True,
+            **placement_summary(plan),
+            "actuator": mover.name,
+            "result": result,
         }
 
     def _unhold(self, steps) -> None:

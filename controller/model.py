@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, order=True)
-class OperatorKey:
+# Keys are NamedTuples rather than dataclasses: an epoch hashes and compares
+# them for every instance many times, and tuples do that in C.
+class OperatorKey(NamedTuple):
     app: str
     operator: str
 
@@ -20,8 +22,7 @@ class OperatorKey:
         return f"{self.app}/{self.operator}"
 
 
-@dataclass(frozen=True, order=True)
-class InstanceKey:
+class InstanceKey(NamedTuple):
     app: str
     operator: str
     instance: int

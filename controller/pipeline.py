@@ -175,10 +175,18 @@ class SourceHistory:
 
 
 def forecast(
-    views: dict[OperatorKey, OperatorView], phi: int, sources: SourceHistory | None = None
+    views: dict[OperatorKey, OperatorView],
+    phi: int,
+    sources: SourceHistory | None = None,
+    kappa_memory: dict[OperatorKey, float] | None = None,
 ) -> dict[OperatorKey, OperatorForecast]:
     """Predict every operator's arrivals: max of its own trend, its parents' output
-    and (for sources with enough history) ARIMA."""
+    and (for sources with enough history) ARIMA.
+
+    ``kappa_memory`` keeps each operator's last measured CPU per tuple across
+    epochs; it is updated in place and used when an operator processed nothing
+    in the window (see :func:`operator_cost`)."""
+    kappa_memory = {} if kappa_memory is None else kappa_memory
     trend = LinearTrend(window=phi)
     if sources is not None:
         sources.begin_epoch()
@@ -219,11 +227,28 @@ def forecast(
             if op in has_parents:
                 candidates["dag"] = from_parents[op]
             best = combine(candidates)
-            kappa = cpu_per_tuple(v.cpu_seconds, v.executed * v.seconds, window=phi)
+            kappa = operator_cost(v, phi, kappa_memory)
             out[v.key] = OperatorForecast(
                 v.key, best.value, best.winner, best.candidates, float(kappa)
             )
     return out
+
+
+def operator_cost(view: OperatorView, phi: int, memory: dict[OperatorKey, float]) -> float:
+    """CPU-seconds per tuple of an operator, never an exception.
+
+    An operator that processed nothing in the window has no cost estimate of its
+    own. An idle one needs none, but one starved by too small a cap must get
+    CPU back, or it would stay starved: it keeps its last measured cost, and one
+    never measured is charged all the CPU it burnt in the window as if for a
+    single tuple, a deliberate overestimate that lifts its cap.
+    """
+    processed = view.executed * view.seconds
+    if float(processed[-phi:].sum()) > 0:
+        kappa = float(cpu_per_tuple(view.cpu_seconds, processed, window=phi))
+        memory[view.key] = kappa
+        return kappa
+    return memory.get(view.key, float(view.cpu_seconds[-phi:].sum()))
 
 
 # ---------------------------------------------------------------- 3 demand

@@ -215,7 +215,14 @@ def serve(controller: Controller, address: str, max_workers: int = 64) -> grpc.S
     """Start the gRPC server (agent stream, admin, health) on ``address``."""
     # Each agent holds one worker thread for its stream's lifetime.
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc")
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+        # Agents keep their idle stream alive with pings every 10 s; on default
+        # settings the server answers a few minutes of that with GOAWAY
+        # "too_many_pings" and every agent loses its stream.
+        options=[
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ],
     )
     pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller), server)
     pb_grpc.add_AdminServiceServicer_to_server(AdminServicer(controller), server)

@@ -153,7 +153,6 @@ class ClusterState:
             hist.add(slot)
             self._learn_topology(slot)
             result.accepted += 1
-        self._forget_vanished(now)
         return result
 
     def _instance_slot(
@@ -163,7 +162,10 @@ class ClusterState:
             key = InstanceKey(
                 check_name("app", s.key.app), check_name("operator", s.key.operator), s.key.instance
             )
-            worker = check_name("worker", s.worker) if s.worker else "default"
+            # An engine that does not name its workers gets the testbed's
+            # convention: one stateful and one stateless worker per app and node.
+            kind = "stateful" if s.stateful else "stateless"
+            worker = check_name("worker", s.worker or f"{key.app}-{kind}-{node}")
             upstream = tuple(check_name("upstream", u) for u in s.upstream)
         except InvalidName as exc:
             self._reject(result, node, "bad_name", str(exc))
@@ -260,7 +262,8 @@ class ClusterState:
         topo.parents[slot.key.operator] = slot.upstream
         topo.stateful[slot.key.operator] = slot.stateful
 
-    def _forget_vanished(self, now: float) -> None:
+    def forget_vanished(self, now: float) -> None:
+        """Drop instances that stopped reporting (once per epoch: it scans them all)."""
         gone = [
             k for k, h in self.histories.items() if now - h.last_seen > self.forget_after_seconds
         ]

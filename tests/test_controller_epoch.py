@@ -350,3 +350,23 @@ def test_sources_keep_one_cached_arima_and_first_fits_are_budgeted(tmp_path, clo
     run(c, node, clock, 2, rates)
     assert model is c.sources.models[OperatorKey("a", "source")] and model.fits == fits
     c.stop()
+
+
+def test_an_operator_that_processed_nothing_keeps_or_gets_a_cost(tmp_path, clock):
+    """No tuple processed in the window is no reason to fail the epoch: an idle
+    operator keeps its last cost; a starved one never measured is charged its CPU."""
+    c = Controller(config(tmp_path), clock=lambda: clock[0])
+    node = SyntheticNode(c)
+    run(c, node, clock, 6, {"wc": 50})
+    before = {o["operator"]: o["kappa"] for o in c.last_record["operators"]}
+    assert before["split"] == pytest.approx(0.001, rel=0.05)
+    rec = run(c, node, clock, 6, {"wc": 0})  # idle for longer than phi
+    after = {o["operator"]: o["kappa"] for o in rec["operators"]}
+    assert after["split"] == pytest.approx(before["split"])
+    # An operator seen only while it processed nothing but burnt CPU.
+    view = next(v for v in evaluate(c.state, 5).values() if v.key.operator == "split")
+    view.cpu_seconds[:] = 0.2
+    memory: dict = {}
+    from controller.pipeline import operator_cost
+
+    assert operator_cost(view, 5, memory) == pytest.approx(0.2 * len(view.cpu_seconds))

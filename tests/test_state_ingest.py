@@ -157,6 +157,8 @@ def test_vanished_instances_are_forgotten():
         now=NOW + 1,
     )
     st.ingest(report(NOW + 20, sample(op="a", upstream=()), slot=3), now=NOW + 20)
+    assert InstanceKey("wc", "b", 0) in st.histories  # forgetting is an epoch's job
+    st.forget_vanished(NOW + 20)
     assert InstanceKey("wc", "b", 0) not in st.histories
     assert st.topologies["wc"].parents == {"a": ()}
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
 from dsched.names import InvalidName, check_name
+from spark_stream.config import HistoryConfig
 
 MODES = ("dry-run", "enforce")
 ALLOCATOR_NAMES = ("demand", "qos-dp")
@@ -142,6 +143,11 @@ class ControllerConfig:
     forget_after_slots: int = 6
     allow_plaintext_remote: bool = False
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # The Spark history ([history] table). Its paths default under state_dir and
+    # its slot is the controller's. With `enabled`, the controller spools every
+    # slot and runs the streaming job itself; set it false when dsched-history
+    # runs as its own service on the same spool.
+    history: HistoryConfig = field(default_factory=HistoryConfig)
 
     def validate(self) -> None:
         for key in ("listen", "metrics"):

@@ -25,6 +25,7 @@ from controller.demand import (
     latency_needs,
 )
 from controller.explain import build_record
+from controller.history_feed import HistoryFeed, history_config
 from controller.hysteresis import HysteresisState
 from controller.metrics import ControllerMetrics
 from controller.migration import LogOnlyMoveActuator, get_move_actuator
@@ -106,6 +107,12 @@ class Controller:
         self.sessions = AgentSessions()
         self.metrics = ControllerMetrics(lambda: self.last_record)
         self.allocator = build_allocator(config)
+        self.history: HistoryFeed | None = None
+        if config.history.enabled:
+            self.history = HistoryFeed(
+                history_config(config.history, config.state_dir, config.slot_seconds),
+                self.metrics.registry,
+            )
         self._placer = None if config.placement == "none" else get_strategy(config.placement)
         self._mover = get_move_actuator(
             config.move_actuator,
@@ -245,6 +252,8 @@ class Controller:
             cfg = self.config
             self.state.forget_vanished(now)
             views = pipeline.evaluate(self.state, cfg.phi)
+            if self.history is not None:
+                self.history.seed(views, self.sources, self._kappa)
             t_forecast = time.perf_counter()
             forecasts = pipeline.forecast(views, cfg.phi, self.sources, self._kappa)
             t_demand = time.perf_counter()
@@ -343,6 +352,10 @@ class Controller:
                 if row["violation"]:
                     self.metrics.qos_violations.labels(row["app"], row["class"]).inc()
             self.last_record = record
+            if self.history is not None:
+                self.history.spool(
+                    self.epoch, now, self.state, {"epoch": self.epoch, "apps": record["apps"]}
+                )
             self.store.save_caps(self.epoch, self._caps)
             self.store.record_decision(self.epoch, now, self.mode, record)
             rec = alloc.recommendation
@@ -437,6 +450,8 @@ class Controller:
     def start(self, serve_metrics: bool = True) -> None:
         if serve_metrics:
             self.metrics.serve(self.config.metrics)
+        if self.history is not None:
+            self.history.start_job()
         self._thread = threading.Thread(target=self._loop, name="dsched-epochs", daemon=True)
         self._thread.start()
 
@@ -456,4 +471,6 @@ class Controller:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.metrics.stop()
+        if self.history is not None:
+            self.history.stop()
         self.store.close()

@@ -168,6 +168,12 @@ class SourceHistory:
     def begin_epoch(self) -> None:
         self._fits_left = self.fits_per_epoch
 
+    def prepend(self, key: OperatorKey, older: list[float]) -> None:
+        """Put rates from before this controller's memory (the history table)
+        ahead of what it has observed itself, so ARIMA can fit after a restart."""
+        mine = list(self.series.get(key, ()))
+        self.series[key] = deque([*older, *mine][-self.length :], maxlen=self.length)
+
     def forget_except(self, live: set[OperatorKey]) -> None:
         for store in (self.series, self.models, self._seen):
             for k in set(store) - live:

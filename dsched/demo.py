@@ -73,6 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="CFS period the agent uses (default 10000: short periods keep a throttled "
         "thread from stalling its process's other threads for long)",
     )
+    p.add_argument(
+        "--no-history",
+        action="store_true",
+        help="do not run the embedded Spark history (it starts a JVM)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-epoch tables")
 
 
@@ -164,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
             )
         ],
         agent_dry_run=(mode == "dry-run"),
+        history=not args.no_history,
     )
     spec = wordcount(parallelism=args.parallelism)
     rate = triangle_rate(args.duration, args.low_rate, args.peak_rate)
@@ -176,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
     interrupted = threading.Event()
     old_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     records: list[dict[str, Any]] = []
+    history_lags: list[float] = []  # age of the newest readable history window, per epoch
     observed: dict[str, Any] = {"controller_metrics": [], "agent_metrics": [], "cgroups": []}
     started = time.monotonic()
     topo = None
@@ -191,6 +198,9 @@ def run(args: argparse.Namespace) -> int:
             if rec and rec["epoch"] != last_epoch and rec["operators"]:
                 last_epoch = rec["epoch"]
                 records.append(rec)
+                lag = metric_value(scrape(cluster.metrics), "dsched_history_lag_seconds")
+                if lag is not None:
+                    history_lags.append(lag)
                 if not args.quiet:
                     console.print(epoch_table(rec))
             if not checked and time.monotonic() - started > args.duration / 2:
@@ -222,6 +232,16 @@ def run(args: argparse.Namespace) -> int:
         if lat
         else None,
         "epochs": len(records),
+        # The newest window the controller can read, compared with the slot just
+        # ended: lag ≤ one slot means the history keeps up.
+        "history_lag_seconds_median": statistics.median(history_lags) if history_lags else None,
+        "history_lag_slots_median": (
+            statistics.median(history_lags) / args.slot_seconds if history_lags else None
+        ),
+        "placement_plans": sum(1 for r in records if r.get("placement", {}).get("planned")),
+        "affected_workers": sum(
+            r.get("placement", {}).get("affected_workers", 0) or 0 for r in records
+        ),
         "interrupted": interrupted.is_set(),
         "cgroups_created": (not cgroups_before) and bool(observed["cgroups"]),
         "cgroups_left_after": _cgroup_dirs(cgroup_root) if not cgroups_before else None,

@@ -171,7 +171,7 @@ def keep_current(state: ClusterState) -> dict[str, GroupKey]:
 
 def least_loaded_fallback(state: ClusterState, free: dict[str, float], demand: float) -> str:
     """The node with most free cores, for an instance that fits nowhere."""
-    return max(state.node_ids, key=lambda n: (free[n] - demand, -state.node_ids.index(n)))
+    return max(state.node_ids, key=lambda n: (free[n] - demand, -state.node_index[n]))
 
 
 def first_fit_decreasing(state: ClusterState, headroom_cores: float) -> tuple[dict[str, str], bool]:

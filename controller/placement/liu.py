@@ -67,18 +67,25 @@ class _Layout:
     def __post_init__(self) -> None:
         self.demand = {i.id: i.demand_cores for i in self.state.instances}
         self.members = {n: defaultdict(set) for n in self.state.node_ids}
+        # Loads are kept up to date on every add/take: placement asks for them
+        # once per candidate node per instance, which must not cost O(instances).
+        self._load = dict.fromkeys(self.state.node_ids, 0.0)
+        self._worker_load: dict[tuple[str, WorkerSlot], float] = defaultdict(float)
+        self._capacity = {
+            n: self.state.capacity(n, self.headroom_cores) for n in self.state.node_ids
+        }
 
     def capacity(self, node: str) -> float:
-        return self.state.capacity(node, self.headroom_cores)
+        return self._capacity[node]
 
     def load(self, node: str) -> float:
-        return sum(self.demand[i] for insts in self.members[node].values() for i in insts)
+        return self._load[node]
 
     def free(self, node: str) -> float:
-        return self.capacity(node) - self.load(node)
+        return self._capacity[node] - self._load[node]
 
     def worker_demand(self, node: str, slot: WorkerSlot) -> float:
-        return sum(self.demand[i] for i in self.members[node].get(slot, ()))
+        return self._worker_load.get((node, slot), 0.0)
 
     def slots(self, node: str) -> list[WorkerSlot]:
         return sorted(s for s, insts in self.members[node].items() if insts)
@@ -87,10 +94,19 @@ class _Layout:
         return bool(self.slots(node))
 
     def add(self, node: str, inst: Instance) -> None:
-        self.members[node][(inst.app, inst.stateful)].add(inst.id)
+        slot = (inst.app, inst.stateful)
+        members = self.members[node][slot]
+        if inst.id not in members:
+            members.add(inst.id)
+            d = self.demand[inst.id]
+            self._load[node] += d
+            self._worker_load[(node, slot)] += d
 
     def take_worker(self, node: str, slot: WorkerSlot) -> set[str]:
         insts = self.members[node].pop(slot, set())
+        self._load[node] -= self._worker_load.pop((node, slot), 0.0)
+        if not any(self.members[node].values()):
+            self._load[node] = 0.0  # no float residue on an emptied node
         self.usable.add((node, slot))
         return insts
 
@@ -133,7 +149,7 @@ class LiuStrategy(PlacementStrategy):
                 return Decision(repack, tuple(reasons))
             for inst_id in unplaced:
                 inst = instances[inst_id]
-                node = max(state.node_ids, key=lambda n: (layout.free(n), -state.node_ids.index(n)))
+                node = max(state.node_ids, key=lambda n: (layout.free(n), -state.node_index[n]))
                 layout.add(node, inst)
                 reasons.append(f"{inst_id} fits on no node; put on {node}, which has most room")
         elif self.scale_in:
@@ -320,13 +336,15 @@ class LiuStrategy(PlacementStrategy):
 
     def _scale_in(self, layout: _Layout, reasons: list[str]) -> None:
         nodes = layout.state.node_ids
+        instances = layout.state.instance_map()
         while True:
             used = [n for n in nodes if layout.used(n)]
             if len(used) <= 1:
                 return
-            victim = min(used, key=lambda n: (layout.load(n), nodes.index(n)))
+            victim = min(used, key=lambda n: (layout.load(n), layout.state.node_index[n]))
             others = sorted(
-                (n for n in used if n != victim), key=lambda n: (layout.free(n), nodes.index(n))
+                (n for n in used if n != victim),
+                key=lambda n: (layout.free(n), layout.state.node_index[n]),
             )
             free = {n: layout.free(n) for n in others}
             targets: dict[WorkerSlot, str] = {}
@@ -339,7 +357,6 @@ class LiuStrategy(PlacementStrategy):
                     return
                 targets[slot] = target
                 free[target] -= need
-            instances = layout.state.instance_map()
             for slot, target in targets.items():
                 for inst_id in layout.take_worker(victim, slot):
                     layout.add(target, instances[inst_id])

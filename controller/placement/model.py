@@ -18,6 +18,7 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 
 from dsched.names import check_name
@@ -184,19 +185,27 @@ class ClusterState:
 
     # -- views --------------------------------------------------------------
 
-    @property
+    # Views are cached: strategies ask for them inside per-instance loops, and a
+    # state is immutable, so building them once per state is enough.
+    @cached_property
     def node_ids(self) -> tuple[str, ...]:
         return tuple(n.id for n in self.nodes)
+
+    @cached_property
+    def node_index(self) -> dict[str, int]:
+        """Position of each node in ``nodes`` (the order strategies break ties by)."""
+        return {n: i for i, n in enumerate(self.node_ids)}
+
+    @cached_property
+    def _nodes_by_id(self) -> dict[str, Node]:
+        return {n.id: n for n in self.nodes}
 
     def capacity(self, node: str, headroom_cores: float = 0.0) -> float:
         """Usable cores of ``node``: capacity minus headroom, never below zero."""
         return max(0.0, self.node(node).capacity_cores - headroom_cores)
 
     def node(self, node_id: str) -> Node:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        raise KeyError(node_id)
+        return self._nodes_by_id[node_id]
 
     def live_workers(self) -> dict[str, Worker]:
         """Workers whose node is still listed."""

@@ -113,7 +113,10 @@ class LocalCluster:
         metrics_port: int | None = None,
         agent_dry_run: bool = False,
         log_level: str = "INFO",
+        history: bool = False,
     ):
+        """``history``: run the controller's embedded Spark history (a JVM of its
+        own, seconds to start), as the daemon does by default; off for tests."""
         self.workdir = Path(workdir)
         self.mode = mode
         self.slot_seconds = slot_seconds
@@ -122,6 +125,7 @@ class LocalCluster:
         self.listen = f"127.0.0.1:{controller_port or free_port()}"
         self.metrics = f"127.0.0.1:{metrics_port or free_port()}"
         self.agent_dry_run = agent_dry_run
+        self.history = history
         self.log_level = log_level
         self.controller: subprocess.Popen | None = None
         self.agents: dict[str, AgentProcess] = {}
@@ -138,6 +142,7 @@ class LocalCluster:
             "slot_seconds": self.slot_seconds,
             **self.controller_config,
         }
+        cfg["history"] = {"enabled": self.history, **cfg.get("history", {})}
         path = write_toml(self.workdir / "controller.toml", cfg)
         log = (self.workdir / "controller.log").open("ab")
         self.controller = subprocess.Popen(

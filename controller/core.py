@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from controller import pipeline
@@ -114,6 +115,9 @@ class Controller:
                 self.metrics.registry,
             )
         self._placer = None if config.placement == "none" else get_strategy(config.placement)
+        self._placement_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsched-place")
+        self._placement_job: Future | None = None
+        self._placement_done: dict[str, Any] | None = None
         self._mover = get_move_actuator(
             config.move_actuator,
             **({"url": config.move_url} if config.move_actuator == "testbed" else {}),
@@ -390,41 +394,71 @@ class Controller:
         return {n: min(c, limits.get(n, c)) for n, c in reported.items()}
 
     def _place(self, record: dict[str, Any], capacity: dict[str, float]) -> dict[str, Any]:
-        """DESIGN §4 step 7: plan moves when a node is overloaded or can be emptied,
-        and have the move actuator carry them out (only in enforce mode). Until
-        the instances have moved, the overflow stays cut by class weight."""
+        """DESIGN §4 step 7, off the fast loop. Planning at cluster size and moving
+        instances take longer than a slot, so the epoch only hands a snapshot to
+        the placement thread (when it is idle) and reports the last plan that
+        finished. Until instances have moved, the overflow stays cut by weight."""
         if self._placer is None:
             return {"planned": False}
+        done, self._placement_done = self._placement_done, None
+        busy = self._placement_job is not None and not self._placement_job.done()
+        if not busy:
+            snapshot = (
+                record,
+                capacity,
+                current_from_histories(self.state.histories),
+                dags_from_topologies(self.state.topologies),
+                self.mode,
+                self.epoch,
+            )
+            self._placement_job = self._placement_pool.submit(self._plan_and_move, *snapshot)
+        out: dict[str, Any] = {"planned": False, "in_progress": busy}
+        if done is not None:
+            out.update(done)
+        return out
+
+    def _plan_and_move(self, record, capacity, current, dags, mode, epoch) -> None:
         try:
             plan = plan_placement(
                 record,
                 capacity=capacity,
-                current=current_from_histories(self.state.histories),
+                current=current,
                 strategy=self._placer,
                 headroom_cores=self.config.headroom_cores,
-                dags=dags_from_topologies(self.state.topologies),
+                dags=dags,
             )
         except ValueError as exc:
-            # Caps are decided already; a placement that cannot be planned this
-            # epoch is recorded, not allowed to take the epoch down with it.
-            log.error("epoch %d: no placement plan: %s", self.epoch, exc)
-            return {"planned": False, "error": str(exc)}
+            log.error("epoch %d: no placement plan: %s", epoch, exc)
+            self._placement_done = {"planned": False, "error": str(exc), "epoch": epoch}
+            return
         if plan is None:
-            return {"planned": False, "affected_workers": 0}
-        mover = self._mover if self.mode == "enforce" else LogOnlyMoveActuator()
+            return
+        mover = self._mover if mode == "enforce" else LogOnlyMoveActuator()
         try:
             result = mover.execute(plan).to_dict()
         except (OSError, ValueError, RuntimeError) as exc:
             # A failed move leaves every instance where it was (the actuator
-            # rolls back); the next epoch plans again from what is measured.
-            log.error("moves of epoch %d failed: %s", self.epoch, exc)
+            # rolls back); the next plan starts from what is measured then.
+            log.error("moves planned in epoch %d failed: %s", epoch, exc)
             result = {"error": str(exc)}
-        return {
+        self._placement_done = {
             "planned": True,
+            "epoch": epoch,
             **placement_summary(plan),
             "actuator": mover.name,
             "result": result,
         }
+
+    def wait_placement(self, timeout: float = 30.0) -> bool:
+        """Block until the placement thread is idle (tests, shutdown)."""
+        job = self._placement_job
+        if job is None:
+            return True
+        try:
+            job.result(timeout=timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def _unhold(self, steps) -> None:
         if not self._held:
@@ -470,6 +504,8 @@ class Controller:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.wait_placement()
+        self._placement_pool.shutdown(wait=True)
         self.metrics.stop()
         if self.history is not None:
             self.history.stop()

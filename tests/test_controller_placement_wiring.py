@@ -27,13 +27,15 @@ def _overloaded(tmp_path, clock, **kw):
         busy.report(clock[0], {"wc": 300})
         idle.report(clock[0], {})
         rec = c.run_epoch()
+        # Planning runs on its own thread; its result shows in the next record.
+        assert c.wait_placement(timeout=30)
     return c, rec
 
 
 def test_an_overloaded_node_gets_a_plan_that_is_only_logged_in_dry_run(tmp_path, clock):
     c, rec = _overloaded(tmp_path, clock)
     p = rec["placement"]
-    assert p["planned"] is True and p["strategy"] == "liu"
+    assert p["planned"] is True and p["strategy"] == "liu" and p["epoch"] < rec["epoch"]
     assert p["moves"] and all(m["from_node"] == "n1" and m["to_node"] == "n2" for m in p["moves"])
     assert p["affected_workers"] >= 1
     assert p["actuator"] == "log-only"  # dry-run never moves anything
@@ -47,8 +49,10 @@ def test_no_placement_when_configured_off(tmp_path, clock):
 def test_nothing_to_plan_on_a_node_with_room(tmp_path, clock):
     c = Controller(config(tmp_path, placement="liu"), clock=lambda: clock[0])
     node = SyntheticNode(c)
-    rec = run(c, node, clock, 5, {"wc": 20})
-    assert rec["placement"]["planned"] is False
+    for _ in range(5):
+        rec = run(c, node, clock, 1, {"wc": 20})
+        assert c.wait_placement(timeout=30)
+        assert rec["placement"]["planned"] is False
 
 
 @pytest.mark.parametrize(

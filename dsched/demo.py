@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.mode is None and not writable:
         console.print(f"[yellow]dry-run: {why}[/]")
     cgroup_root = CGROUP_V1_CPU / args.cgroup_root
-    cgroups_before = cgroup_root.exists()
+    cgroups_before = set(_cgroup_dirs(cgroup_root))
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dsched-demo-"))
     cluster = LocalCluster(
@@ -243,8 +243,10 @@ def run(args: argparse.Namespace) -> int:
             r.get("placement", {}).get("affected_workers", 0) or 0 for r in records
         ),
         "interrupted": interrupted.is_set(),
-        "cgroups_created": (not cgroups_before) and bool(observed["cgroups"]),
-        "cgroups_left_after": _cgroup_dirs(cgroup_root) if not cgroups_before else None,
+        # Instance cgroups that appeared while it ran (none in dry-run), and
+        # those still there after the instances stopped (the agent removes them).
+        "cgroups_created": len(set(observed["cgroups"]) - cgroups_before),
+        "cgroups_left_after": sorted(set(_cgroup_dirs(cgroup_root)) - cgroups_before),
     }
     doc = {
         "mode": mode,

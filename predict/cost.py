@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from predict import _validate as v
+from dsched import validate as v
 
 STRATEGIES = ("mean_ratio", "ratio_of_sums")
 

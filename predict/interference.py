@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predict import _validate as v
+from dsched import validate as v
 
 
 @dataclass(frozen=True)

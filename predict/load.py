@@ -26,7 +26,7 @@ from graphlib import CycleError, TopologicalSorter
 
 import numpy as np
 
-from predict import _validate as v
+from dsched import validate as v
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predict import _validate as v
+from dsched import validate as v
 from predict.load import propagate
 
 FULL_SLOT_PERCENT = 100.0

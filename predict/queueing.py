@@ -29,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy.optimize import brentq
 
-from predict import _validate as v
+from dsched import validate as v
 
 #: Relative accuracy of the minimal-rate searches.
 RATE_RTOL = 1e-9

@@ -567,16 +567,7 @@ class DistributedTopology:
         return stats
 
     def stats(self) -> TopologyStats:
-        a = self.acker
-        return TopologyStats(
-            app=self.spec.app,
-            roots=a.roots,
-            completed=a.completed,
-            lost=a.in_flight if self._stop.is_set() else 0,
-            duplicated=a.duplicated,
-            failed=a.failed,
-            latencies=list(a.latencies),
-        )
+        return self.acker.stats(self.spec.app, stopped=self._stop.is_set())
 
     # ------------------------------------------------------------ nodes
     def add_node(self, node: str, agent_socket: str | None) -> None:

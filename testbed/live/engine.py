@@ -292,6 +292,18 @@ class Acker:
         with self._lock:
             return len(self._pending)
 
+    def stats(self, app: str, stopped: bool) -> TopologyStats:
+        """The counts so far; roots still open count as lost once input has stopped."""
+        return TopologyStats(
+            app=app,
+            roots=self.roots,
+            completed=self.completed,
+            lost=self.in_flight if stopped else 0,
+            duplicated=self.duplicated,
+            failed=self.failed,
+            latencies=list(self.latencies),
+        )
+
 
 class Instance:
     """One operator instance: a thread, a queue, counters, and (if stateful) state."""
@@ -560,16 +572,7 @@ class LiveTopology:
             self._client = None
 
     def stats(self) -> TopologyStats:
-        a = self.acker
-        return TopologyStats(
-            app=self.spec.app,
-            roots=a.roots,
-            completed=a.completed,
-            lost=a.in_flight if self._stop.is_set() else 0,
-            duplicated=a.duplicated,
-            failed=a.failed,
-            latencies=list(a.latencies),
-        )
+        return self.acker.stats(self.spec.app, stopped=self._stop.is_set())
 
 
 @dataclass

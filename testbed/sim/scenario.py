@@ -19,32 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dsched.validate import finite, non_negative, positive
+
 ARRIVAL_KINDS = ("poisson", "weibull", "trace")
 CLASS_NAMES = ("gold", "silver", "bronze")
-
-
-def _finite(value: float, name: str) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(x):
-        raise ValueError(f"{name} must be finite, got {x}")
-    return x
-
-
-def _positive(value: float, name: str) -> float:
-    x = _finite(value, name)
-    if x <= 0:
-        raise ValueError(f"{name} must be > 0, got {x}")
-    return x
-
-
-def _non_negative(value: float, name: str) -> float:
-    x = _finite(value, name)
-    if x < 0:
-        raise ValueError(f"{name} must be >= 0, got {x}")
-    return x
 
 
 def _count(value: int, name: str, minimum: int = 1) -> int:
@@ -63,11 +41,11 @@ class QosClassSpec:
     weight: float
 
     def __post_init__(self) -> None:
-        _positive(self.target_latency_ms, f"qos.{self.name}.target_latency_ms")
-        r = _finite(self.max_violation_ratio, f"qos.{self.name}.max_violation_ratio")
+        positive(self.target_latency_ms, f"qos.{self.name}.target_latency_ms")
+        r = finite(self.max_violation_ratio, f"qos.{self.name}.max_violation_ratio")
         if not 0 < r < 1:
             raise ValueError(f"qos.{self.name}.max_violation_ratio must be in (0, 1), got {r}")
-        _positive(self.weight, f"qos.{self.name}.weight")
+        positive(self.weight, f"qos.{self.name}.weight")
 
 
 @dataclass(frozen=True)
@@ -83,10 +61,10 @@ class OperatorSpec:
     mbw_per_core: float = 0.0
 
     def __post_init__(self) -> None:
-        _positive(self.work_mean_s, f"{self.name}.work_mean_s")
-        _non_negative(self.work_cv, f"{self.name}.work_cv")
-        _non_negative(self.selectivity, f"{self.name}.selectivity")
-        _non_negative(self.mbw_per_core, f"{self.name}.mbw_per_core")
+        positive(self.work_mean_s, f"{self.name}.work_mean_s")
+        non_negative(self.work_cv, f"{self.name}.work_cv")
+        non_negative(self.selectivity, f"{self.name}.selectivity")
+        non_negative(self.mbw_per_core, f"{self.name}.mbw_per_core")
 
 
 @dataclass(frozen=True)
@@ -108,14 +86,14 @@ class ArrivalSpec:
             raise ValueError(
                 f"arrival kind must be one of {', '.join(ARRIVAL_KINDS)}, got {self.kind!r}"
             )
-        _non_negative(self.rate, "rate")
+        non_negative(self.rate, "rate")
         if self.kind == "weibull":
-            _positive(self.shape, "shape")
+            positive(self.shape, "shape")
         if self.kind == "trace":
             if not self.trace:
                 raise ValueError("trace must hold at least one rate")
             for r in self.trace:
-                _non_negative(r, "trace")
+                non_negative(r, "trace")
 
     def mean_rate(self) -> float:
         return float(np.mean(self.trace)) if self.kind == "trace" else self.rate
@@ -130,10 +108,10 @@ class BurstSpec:
     factor: float
 
     def __post_init__(self) -> None:
-        _non_negative(self.start_epoch, "burst.start_epoch")
-        if _finite(self.end_epoch, "burst.end_epoch") < self.start_epoch:
+        non_negative(self.start_epoch, "burst.start_epoch")
+        if finite(self.end_epoch, "burst.end_epoch") < self.start_epoch:
             raise ValueError("burst.end_epoch must be >= burst.start_epoch")
-        _positive(self.factor, "burst.factor")
+        positive(self.factor, "burst.factor")
 
 
 @dataclass(frozen=True)
@@ -170,20 +148,20 @@ class Scenario:
 
     def __post_init__(self) -> None:
         _count(self.nodes, "nodes")
-        _positive(self.cores_per_node, "cores_per_node")
+        positive(self.cores_per_node, "cores_per_node")
         _count(self.epochs, "epochs")
-        _positive(self.epoch_seconds, "epoch_seconds")
-        _positive(self.step_seconds, "step_seconds")
+        positive(self.epoch_seconds, "epoch_seconds")
+        positive(self.step_seconds, "step_seconds")
         if self.step_seconds > self.epoch_seconds:
             raise ValueError("step_seconds must be <= epoch_seconds")
         if not self.apps:
             raise ValueError("apps must not be empty")
-        thr = _finite(self.interference_threshold, "interference_threshold")
+        thr = finite(self.interference_threshold, "interference_threshold")
         if not 0 <= thr <= 1:
             raise ValueError(f"interference_threshold must be in [0, 1], got {thr}")
-        _non_negative(self.interference_slope, "interference_slope")
-        _non_negative(self.migration_pause_s, "migration_pause_s")
-        _non_negative(self.stateful_migration_pause_s, "stateful_migration_pause_s")
+        non_negative(self.interference_slope, "interference_slope")
+        non_negative(self.migration_pause_s, "migration_pause_s")
+        non_negative(self.stateful_migration_pause_s, "stateful_migration_pause_s")
         names = [a.name for a in self.apps]
         if len(set(names)) != len(names):
             raise ValueError("app names must be unique")
@@ -252,8 +230,8 @@ def seed004(
     apps = _count(apps, "apps")
     epochs = _count(epochs, "epochs")
     nodes = _count(nodes, "nodes")
-    cores = _positive(cores, "cores")
-    u = _positive(phase1_utilization, "phase1_utilization")
+    cores = positive(cores, "cores")
+    u = positive(phase1_utilization, "phase1_utilization")
     if u >= 1:
         raise ValueError(f"phase1_utilization must be < 1, got {u}")
     if arrivals not in ("poisson", "weibull"):

@@ -1,4 +1,4 @@
-"""Argument checks shared by the predict modules: every failure is a ValueError that
+"""Argument checks shared by predict/ and the simulator: every failure is a ValueError that
 names the offending parameter, so a caller never receives a silent NaN."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import numpy as np
 
 from bench.common import write_result
 from controller.config import ControllerConfig
-from controller.core import Controller
+from controller.core import Controller, tune_gc
 from controller.model import OperatorKey
 from controller.pipeline import SourceHistory
 from dsched_pb import dsched_pb2 as pb
@@ -124,6 +124,7 @@ class SyntheticCluster:
 
 
 def measure(nodes: int, instances: int, apps: int, args) -> dict:
+    tune_gc()  # as dsched-controller does at startup
     with tempfile.TemporaryDirectory() as d:
         clock = [1_700_000_000.0]
         # Placement and the history spool run off the epoch's thread in the

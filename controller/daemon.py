@@ -65,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"dsched-controller: {exc}", file=sys.stderr)
         return 2
-    from controller.core import Controller
+    from controller.core import Controller, tune_gc
     from controller.server import serve
+
+    tune_gc()
 
     controller = Controller(cfg)
     try:

@@ -18,30 +18,20 @@ from agent.config import AgentConfig
 from agent.instance_client import AgentClient
 from agent.node import NodeAgent
 from agent.registry import Counters, InstanceKey, RegistrationError, check_counters
-from agent.socket_server import RegistrationServer
 from agent.wire import MAX_LINE_BYTES, encode_update_batches
-from tests.test_agent_support import WorkerThread, free_port, wait_for
-
-COUNTERS = dict(
-    received=10,
-    executed=8,
-    emitted=16,
-    queue_length=2,
-    latency_sum_seconds=0.5,
-    latency_count=8,
-    service_seconds=0.1,
+from tests.test_agent_support import (
+    COUNTERS,
+    WorkerThread,
+    free_port,
+    registration_server,
+    wait_for,
 )
 
 
 @pytest.fixture
 def served(tmp_path):
-    path = tmp_path / "agent.sock"
-    agent = NodeAgent(AgentConfig(dry_run=True, socket=str(path)))
-    server = RegistrationServer(path, agent)
-    server.start()
-    yield agent, path
-    server.stop()
-    agent.close()
+    with registration_server(tmp_path) as (agent, _server, path):
+        yield agent, path
 
 
 @pytest.fixture

@@ -14,28 +14,13 @@ from agent.instance_client import AgentClient
 from agent.node import NodeAgent
 from agent.registry import InstanceKey
 from agent.socket_server import RegistrationServer
-from tests.test_agent_support import WorkerThread, wait_for
-
-COUNTERS = dict(
-    received=10,
-    executed=8,
-    emitted=16,
-    queue_length=2,
-    latency_sum_seconds=0.5,
-    latency_count=8,
-    service_seconds=0.1,
-)
+from tests.test_agent_support import COUNTERS, WorkerThread, registration_server, wait_for
 
 
 @pytest.fixture
 def served(tmp_path):
-    path = tmp_path / "agent.sock"
-    agent = NodeAgent(AgentConfig(dry_run=True, socket=str(path)))
-    server = RegistrationServer(path, agent)
-    server.start()
-    yield agent, server, path
-    server.stop()
-    agent.close()
+    with registration_server(tmp_path) as served:
+        yield served
 
 
 def _raw(path, *messages) -> list[dict]:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -141,3 +142,32 @@ class RecordingController(pb_grpc.AgentServiceServicer):
                 )
             )
         self.outbox.put(pb.ControllerMessage(directive=directive))
+
+
+COUNTERS = dict(
+    received=10,
+    executed=8,
+    emitted=16,
+    queue_length=2,
+    latency_sum_seconds=0.5,
+    latency_count=8,
+    service_seconds=0.1,
+)
+
+
+@contextmanager
+def registration_server(tmp_path: Path) -> Iterator[tuple]:
+    """A dry-run NodeAgent behind a real registration socket: (agent, server, path)."""
+    from agent.config import AgentConfig
+    from agent.node import NodeAgent
+    from agent.socket_server import RegistrationServer
+
+    path = tmp_path / "agent.sock"
+    agent = NodeAgent(AgentConfig(dry_run=True, socket=str(path)))
+    server = RegistrationServer(path, agent)
+    server.start()
+    try:
+        yield agent, server, path
+    finally:
+        server.stop()
+        agent.close()

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 # Read back at most this many windows per source when seeding ARIMA.
 SEED_WINDOWS = 300
+# Operators seeded from the table per epoch: each is a Parquet read on the
+# epoch's thread, and after a restart every operator is new at once.
+SEED_PER_EPOCH = 16
 # Spool writes allowed to wait behind a slow disk before slots are dropped.
 MAX_PENDING_WRITES = 4
 
@@ -219,8 +222,9 @@ class HistoryFeed:
         sources: SourceHistory | None,
         kappa_memory: dict[OperatorKey, float],
     ) -> None:
-        """Once per operator, fill what the ring buffer lacks from the history table."""
-        todo = [k for k in views if k not in self._seeded]
+        """Once per operator, fill what the ring buffer lacks from the history table
+        (a bounded number of operators per epoch, so a restart never stalls one)."""
+        todo = [k for k in views if k not in self._seeded][:SEED_PER_EPOCH]
         if not todo:
             return
         try:

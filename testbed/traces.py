@@ -25,25 +25,7 @@ import math
 
 import numpy as np
 
-
-def _positive_int(value: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
-def _number(
-    value: float, name: str, *, minimum: float | None = None, strict: bool = False
-) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(x):
-        raise ValueError(f"{name} must be finite, got {x}")
-    if minimum is not None and (x <= minimum if strict else x < minimum):
-        raise ValueError(f"{name} must be {'>' if strict else '>='} {minimum}, got {x}")
-    return x
+from dsched import validate as v
 
 
 def triangle(slots: int, low: float, high: float, period: int) -> np.ndarray:
@@ -51,12 +33,12 @@ def triangle(slots: int, low: float, high: float, period: int) -> np.ndarray:
 
     With 10-second slots, ``period=60`` is the 5-minute rise and 5-minute fall.
     """
-    slots = _positive_int(slots, "slots")
-    low = _number(low, "low", minimum=0.0)
-    high = _number(high, "high", minimum=0.0)
+    slots = v.positive_int(slots, "slots")
+    low = v.non_negative(low, "low")
+    high = v.non_negative(high, "high")
     if high < low:
         raise ValueError(f"high must be >= low, got high={high} < low={low}")
-    period = _positive_int(period, "period")
+    period = v.positive_int(period, "period")
     if period < 2:
         raise ValueError(f"period must be >= 2 slots, got {period}")
     phase = (np.arange(slots) % period) / period  # 0..1 within a period
@@ -66,8 +48,8 @@ def triangle(slots: int, low: float, high: float, period: int) -> np.ndarray:
 
 def random_steps(slots: int, low: int = 1, high: int = 25, seed: int = 0) -> np.ndarray:
     """A new integer level uniform in ``low..high`` (inclusive) every slot."""
-    slots = _positive_int(slots, "slots")
-    low_i, high_i = int(_number(low, "low", minimum=0.0)), int(_number(high, "high", minimum=0.0))
+    slots = v.positive_int(slots, "slots")
+    low_i, high_i = int(v.non_negative(low, "low")), int(v.non_negative(high, "high"))
     if low_i != low or high_i != high:
         raise ValueError(f"low and high must be whole numbers, got {low}, {high}")
     if high_i < low_i:
@@ -94,17 +76,17 @@ def diurnal(
     ``burst_height`` times, with a quick rise and decay) land at random slots;
     ``noise`` is the standard deviation of multiplicative Gaussian noise.
     """
-    slots = _positive_int(slots, "slots")
-    base = _number(base, "base", minimum=0.0)
-    peak = _number(peak, "peak", minimum=0.0)
+    slots = v.positive_int(slots, "slots")
+    base = v.non_negative(base, "base")
+    peak = v.non_negative(peak, "peak")
     if peak < base:
         raise ValueError(f"peak must be >= base, got peak={peak} < base={base}")
     if isinstance(bursts, bool) or not isinstance(bursts, (int, np.integer)) or bursts < 0:
         raise ValueError(f"bursts must be an integer >= 0, got {bursts!r}")
-    burst_height = _number(burst_height, "burst_height", minimum=0.0)
-    burst_slots = _positive_int(burst_slots, "burst_slots")
-    noise = _number(noise, "noise", minimum=0.0)
-    peak_at = _number(peak_at, "peak_at", minimum=0.0)
+    burst_height = v.non_negative(burst_height, "burst_height")
+    burst_slots = v.positive_int(burst_slots, "burst_slots")
+    noise = v.non_negative(noise, "noise")
+    peak_at = v.non_negative(peak_at, "peak_at")
     if peak_at > 1:
         raise ValueError(f"peak_at must be in [0, 1], got {peak_at}")
     rng = np.random.default_rng(seed)
@@ -121,8 +103,8 @@ def diurnal(
 
 def poisson_arrivals(rate: float, duration: float, seed: int = 0) -> np.ndarray:
     """Arrival times of a Poisson process with ``rate`` arrivals per second."""
-    rate = _number(rate, "rate", minimum=0.0)
-    duration = _number(duration, "duration", minimum=0.0)
+    rate = v.non_negative(rate, "rate")
+    duration = v.non_negative(duration, "duration")
     if rate == 0.0 or duration == 0.0:
         return np.empty(0)
     return _renewal(lambda rng, n: rng.exponential(1.0 / rate, n), rate, duration, seed)
@@ -131,9 +113,9 @@ def poisson_arrivals(rate: float, duration: float, seed: int = 0) -> np.ndarray:
 def weibull_arrivals(scale: float, shape: float, duration: float, seed: int = 0) -> np.ndarray:
     """Arrival times of a renewal process with Weibull(``shape``) inter-arrival times
     of ``scale`` seconds (mean ``scale * Gamma(1 + 1/shape)``)."""
-    scale = _number(scale, "scale", minimum=0.0, strict=True)
-    shape = _number(shape, "shape", minimum=0.0, strict=True)
-    duration = _number(duration, "duration", minimum=0.0)
+    scale = v.positive(scale, "scale")
+    shape = v.positive(shape, "shape")
+    duration = v.non_negative(duration, "duration")
     if duration == 0.0:
         return np.empty(0)
     mean_gap = scale * math.gamma(1.0 + 1.0 / shape)
@@ -156,8 +138,8 @@ def _renewal(draw, rate: float, duration: float, seed: int) -> np.ndarray:
 
 def counts_per_slot(arrivals, slot: float, duration: float) -> np.ndarray:
     """Number of arrivals in each slot of ``slot`` seconds covering ``[0, duration)``."""
-    slot = _number(slot, "slot", minimum=0.0, strict=True)
-    duration = _number(duration, "duration", minimum=0.0, strict=True)
+    slot = v.positive(slot, "slot")
+    duration = v.positive(duration, "duration")
     times = np.asarray(arrivals, dtype=float)
     if times.ndim != 1 or not np.all(np.isfinite(times)):
         raise ValueError("arrivals must be a 1-D array of finite times")

@@ -68,6 +68,8 @@ PAPER_TIMEOUT_SECONDS = 30.0
 PEAK_SHARE = 0.85
 # Trace values above this many peaks are refused (a trace is a fraction of the peak).
 MAX_TRACE_LEVEL = 1.5
+# How far back dsched's linear trend looks (phi x epoch).
+TREND_SECONDS = 2.0
 
 
 class Interrupted(Exception):
@@ -308,6 +310,7 @@ class RunSettings:
     duration: float
     warmup: float
     slot_seconds: float
+    epoch_seconds: float
     timeout: float
     capacity_cores: float
     cpu_period_us: int
@@ -319,7 +322,7 @@ class RunSettings:
     interrupted: threading.Event
 
 
-def controller_config(scale: Scale, executors: int) -> dict[str, Any]:
+def controller_config(scale: Scale, epoch_seconds: float) -> dict[str, Any]:
     """The dsched contender's controller settings.
 
     Fine cap granularity: with a dozen executors sharing two cores, theta = 0.1
@@ -328,9 +331,10 @@ def controller_config(scale: Scale, executors: int) -> dict[str, Any]:
         "theta_cores": 0.005,
         "min_cap_cores": 0.01,
         "headroom_cores": 0.05,
-        # phi = 3 slots (6 s here) follows a 2-s-slot trace; ARIMA needs a longer
-        # history than a benchmark run has.
-        "phi": 3,
+        # The trend looks back about one trace slot: long enough to see a ramp,
+        # short enough to forget the level before the last change. ARIMA needs a
+        # longer history than a benchmark run has.
+        "phi": max(2, round(TREND_SECONDS / epoch_seconds)),
         "arima": False,
         "node_capacity_cores": {"local": scale.capacity_cores},
     }
@@ -368,13 +372,12 @@ def run_contender(
     try:
         agent_socket = None
         if name == "dsched":
-            executors = sum(o.parallelism for o in scn.spec.operators)
             cluster = LocalCluster(
                 cluster_workdir(settings.workdir / f"{scn.name}-{name}"),
                 mode="enforce",
-                slot_seconds=settings.slot_seconds,
+                slot_seconds=settings.epoch_seconds,
                 controller_config={
-                    **controller_config(scn.scale, executors),
+                    **controller_config(scn.scale, settings.epoch_seconds),
                     **settings.controller_options,
                 },
                 nodes=[
@@ -386,7 +389,7 @@ def run_contender(
                             "cgroup_mount": str(res.top),
                             "cpu_period_us": period,
                             "capacity_cores": settings.capacity_cores,
-                            "sample_seconds": 0.5,
+                            "sample_seconds": settings.epoch_seconds / 2,
                         },
                     )
                 ],
@@ -402,6 +405,8 @@ def run_contender(
             seed=settings.seed,
             group_keys=scn.group_keys,
             cpu=settings.cpu,
+            # Several pushes per epoch, so each epoch's counts are whole.
+            report_seconds=settings.epoch_seconds / 4,
         )
         topo.start()
         t0 = topo._t0
@@ -711,6 +716,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--slot-seconds", type=float, default=2.0, help="slot length (default 2; the paper's is 10)"
     )
     p.add_argument(
+        "--epoch-seconds",
+        type=float,
+        default=0.5,
+        help="dsched's control epoch (controller and agent slot; default 0.5). Shorter than "
+        "the trace's slot: a controller that decides once per rate change is always one "
+        "change behind",
+    )
+    p.add_argument(
         "--capacity-cores", type=float, default=1.6, help="CPU the testbed is given (default 1.6)"
     )
     p.add_argument(
@@ -770,7 +783,7 @@ def _check(args: argparse.Namespace) -> tuple[list[str], np.ndarray | None]:
         raise ValueError(
             "--contenders: 'equal' copies dsched's allocation, so it needs 'dsched' too"
         )
-    for key in ("duration", "slot_seconds", "capacity_cores"):
+    for key in ("duration", "slot_seconds", "epoch_seconds", "capacity_cores"):
         value = getattr(args, key)
         if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
             raise ValueError(f"--{key.replace('_', '-')} must be a positive number, got {value!r}")
@@ -779,6 +792,10 @@ def _check(args: argparse.Namespace) -> tuple[list[str], np.ndarray | None]:
     if args.duration < 2 * args.slot_seconds:
         raise ValueError(
             f"--duration must cover at least 2 slots ({2 * args.slot_seconds:g} s), got {args.duration:g}"
+        )
+    if args.epoch_seconds > args.slot_seconds:
+        raise ValueError(
+            f"--epoch-seconds {args.epoch_seconds:g} is longer than a slot ({args.slot_seconds:g} s)"
         )
     if args.capacity_cores > (os.cpu_count() or 1):
         raise ValueError(
@@ -845,6 +862,7 @@ def run(args: argparse.Namespace) -> int:
         duration,
         args.warmup,
         args.slot_seconds,
+        args.epoch_seconds,
         timeout,
         args.capacity_cores,
         args.cpu_period_us,
@@ -889,13 +907,14 @@ def run(args: argparse.Namespace) -> int:
     figures = {
         "scenario": scn.name,
         "slot_seconds": args.slot_seconds,
+        "epoch_seconds": args.epoch_seconds,
         "duration_seconds": duration,
         "warmup_seconds": args.warmup,
         "timeout_seconds": timeout,
         "cpu_period_us": args.cpu_period_us,
         "cpu_work_in": args.cpu,
         "controller_config": {
-            **controller_config(scn.scale, scn.scale.executors),
+            **controller_config(scn.scale, args.epoch_seconds),
             **settings.controller_options,
         },
         "scale": {

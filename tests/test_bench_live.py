@@ -141,6 +141,20 @@ def test_unknown_contender_and_equal_without_dsched_are_refused(tmp_path):
     assert p.returncode == 2 and "'equal'" in p.stderr
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--epoch-seconds", "3", "longer than a slot"),
+        ("--epoch-seconds", "0", "--epoch-seconds must be a positive number"),
+        ("--epoch-seconds", "nan", "--epoch-seconds must be a positive number"),
+    ],
+)
+def test_controller_epoch_out_of_range_is_refused(tmp_path, flag, value, says):
+    p = _bench("--scenario", "wordcount-random", flag, value, "--json", str(tmp_path / "r.json"))
+    assert p.returncode == 2 and says in p.stderr, p.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_balanced_vocabulary_spreads_words_evenly_over_count_instances():
     import zlib
 
@@ -211,6 +225,8 @@ def test_smoke_few_slots_with_dsched_equal_and_uncapped(tmp_path, cgroup_v1_cpu)
         doc["scenario"] == "wordcount-regular" and doc["revision"] and doc["machine"]["cpu_count"]
     )
     assert doc["scale"]["capacity_cores"] == 1.6 and doc["scale"]["executors"] == 12
+    # dsched decides every half second and its trend looks back one 2-s slot.
+    assert doc["epoch_seconds"] == 0.5 and doc["controller_config"]["phi"] == 4
     assert set(doc["contenders"]) == {"dsched", "equal", "uncapped"}
     for name, c in doc["contenders"].items():
         assert set(METRICS) <= set(c), name

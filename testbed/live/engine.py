@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import math
 import os
 import queue
 import random
@@ -379,10 +380,16 @@ class LiveTopology:
         seed: int = 0,
         cpu: str | None = None,
         group_keys: dict[str, Callable[[Any], str]] | None = None,
+        report_seconds: float = 0.5,
     ):
         """``cpu``: where instances burn their CPU (``process`` or ``thread``; default
         :func:`default_cpu_mode`). ``group_keys``: fields grouping of an operator on
-        a function of the tuple's value instead of its key (operator -> function)."""
+        a function of the tuple's value instead of its key (operator -> function).
+        ``report_seconds``: how often counters go to the agent; keep it well below
+        the agent's slot, or a slot's counts depend on when pushes land in it."""
+        if not (math.isfinite(report_seconds) and report_seconds > 0):
+            raise ValueError(f"report_seconds must be a positive number, got {report_seconds!r}")
+        self.report_seconds = report_seconds
         self.cpu = cpu or default_cpu_mode()
         if self.cpu not in CPU_MODES:
             raise ValueError(f"cpu must be one of {', '.join(CPU_MODES)}, got {cpu!r}")
@@ -474,7 +481,7 @@ class LiveTopology:
             )
 
     def _report(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(self.report_seconds):
             self.push_counters()
 
     def push_counters(self) -> None:

@@ -28,8 +28,6 @@ from agent.config import AgentConfig
 from agent.metrics import AgentMetrics
 from agent.registry import InstanceKey, InstanceRecord, RegistrationError, Registry, make_key
 from agent.sampling import (
-    CLOCK_TICKS,
-    STAT_READ_BYTES,
     NetlinkInterfaces,
     NodeCpu,
     Resctrl,
@@ -423,9 +421,12 @@ class NodeAgent:
         started = time.monotonic()
         dt = started - self._last_sample
         self._last_sample = started
-        # The innermost loop runs once per thread per second: the read and the
-        # parse of fields 14/15 (see sampling.stat_cpu_seconds) are inlined.
-        pread, size, ticks = os.pread, STAT_READ_BYTES, CLOCK_TICKS
+        # The innermost loop runs once per thread per sample: look-ups hoisted.
+        pread, size, seconds_from = (
+            os.pread,
+            self.thread_cpu.read_bytes,
+            self.thread_cpu.seconds_from,
+        )
         lost_threads: list[tuple[SampledInstance, list[int]]] = []
         for inst in self._sampling_plan():
             cpu = inst.cpu
@@ -434,9 +435,7 @@ class NodeAgent:
             exited: list[int] | None = None
             for tid, fd in inst.threads:
                 try:
-                    raw = pread(fd, size, 0)
-                    fields = raw[raw.rfind(b")") + 2 :].split(b" ", 13)
-                    seconds = (int(fields[11]) + int(fields[12])) / ticks
+                    seconds = seconds_from(pread(fd, size, 0))
                 except (OSError, IndexError, ValueError):
                     # ESRCH (or fd -1, or nothing read): the thread has exited.
                     if exited is None:

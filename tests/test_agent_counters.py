@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +16,13 @@ from agent.config import AgentConfig, DiscoveryRule
 from agent.discovery import match_threads, parse_jcmd_threads, proc_threads
 from agent.node import NodeAgent
 from agent.registry import InstanceKey
-from agent.sampling import Resctrl, read_pressure, thread_cpu_seconds
+from agent.sampling import (
+    CLOCK_TICKS,
+    Resctrl,
+    ThreadCpuReader,
+    read_pressure,
+    thread_cpu_seconds,
+)
 from tests.test_agent_support import WorkerThread
 
 
@@ -161,6 +168,55 @@ def test_thread_cpu_seconds_grows_for_a_busy_thread_and_is_none_after_exit():
     time.sleep(0.05)
     assert first is not None and second > first
     assert thread_cpu_seconds("/proc", os.getpid(), t.tid) is None
+
+
+def test_thread_cpu_reader_reads_schedstat_to_the_nanosecond_and_none_after_exit():
+    """The agent's reader agrees with the thread's own CPU clock far below one clock
+    tick, which the tick-counted stat file cannot."""
+    assert Path("/proc/self/schedstat").exists(), "this kernel has schedstat"
+    burnt, done, release = [], threading.Event(), threading.Event()
+
+    def burn() -> None:
+        end = time.thread_time() + 0.123
+        while time.thread_time() < end:
+            pass
+        burnt.append(time.thread_time())
+        done.set()
+        release.wait()
+
+    t = threading.Thread(target=burn)
+    t.start()
+    reader = ThreadCpuReader("/proc")
+    assert reader.source == "schedstat"
+    assert done.wait(10)
+    seconds = reader.read(os.getpid(), t.native_id)
+    # 123 ms of CPU: the stat file would say 120 ms (12 ticks of 10 ms).
+    assert seconds == pytest.approx(burnt[0], abs=2e-4)
+    assert reader.open_files == 1
+    release.set()
+    t.join()
+    time.sleep(0.05)
+    assert reader.read(os.getpid(), t.native_id) is None
+    assert reader.open_files == 0
+    with pytest.raises(ValueError, match="source"):
+        ThreadCpuReader("/proc", source="status")
+
+
+def test_thread_cpu_reader_falls_back_to_stat_without_schedstat(tmp_path):
+    """A kernel without CONFIG_SCHED_INFO: a proc tree laid out like the kernel's, with a
+    stat file copied from this one and no schedstat."""
+    pid, tid = os.getpid(), threading.get_native_id()
+    task = tmp_path / str(pid) / "task" / str(tid)
+    task.mkdir(parents=True)
+    (tmp_path / "self").mkdir()
+    real = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes()
+    (task / "stat").write_bytes(real)
+    reader = ThreadCpuReader(tmp_path)
+    assert reader.source == "stat"
+    fields = real[real.rfind(b")") + 2 :].split()
+    assert reader.read(pid, tid) == (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    (task / "stat").write_bytes(b"")
+    assert reader.read(pid, tid) is None  # an empty read: the thread has gone
 
 
 # Captured on this machine: `jcmd <pid> Thread.print` of a Java 17 program (abridged).

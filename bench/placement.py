@@ -295,6 +295,11 @@ def run(args: argparse.Namespace) -> int:
     states = {s: scenario_states(s, args.seed, args.epochs) for s in SCENARIOS}
     per_scenario: dict[str, dict[str, dict[str, Any]]] = {}
     summed: dict[str, dict[str, float]] = {}
+    # Options each strategy runs with (the rest are its defaults), recorded in the JSON.
+    strategy_options: dict[str, dict[str, Any]] = {
+        "liu": {"scale_in_patience": get_strategy("liu").scale_in_patience},
+        "mips": {"samples": args.mips_samples, "seed": args.seed},
+    }
     for scenario, epoch_states in states.items():
         per_scenario[scenario] = {}
         for name in STRATEGIES:
@@ -322,9 +327,12 @@ def run(args: argparse.Namespace) -> int:
         ],
         "headroom_cores": args.headroom,
         "mips_samples": args.mips_samples,
+        "strategy_options": strategy_options,
         "strategies": summed,
         "per_scenario": per_scenario,
         "liu_fewest_affected_stateful_workers": stateful["liu"] == fewest,
+        # How many more stateful workers liu affects than the strategy affecting fewest.
+        "liu_affected_stateful_workers_above_fewest": stateful["liu"] - fewest,
         # Strategies that left no node over capacity in any epoch: the ones that did
         # their job, against which moving fewer stateful workers means something.
         "liu_fewest_affected_stateful_workers_among_feasible": stateful["liu"]
@@ -371,6 +379,12 @@ def _print_table(doc: dict[str, Any]) -> None:
     print("strategy".ljust(16) + "".join(c[:14].rjust(15) for c in cols))
     for name, figs in doc["strategies"].items():
         print(name.ljust(16) + "".join(f"{figs[c]:15.4g}" for c in cols))
+    per = ("affected_stateful_workers", "affected_workers", "nodes_used", "overloaded_nodes")
+    print("per scenario: " + ", ".join(per))
+    for scenario, figs_by_name in doc["per_scenario"].items():
+        print(f"  {scenario}")
+        for name, figs in figs_by_name.items():
+            print("    " + name.ljust(16) + "".join(f"{figs[c]:8.4g}" for c in per))
     print("mips samples -> initial inter-node traffic, affected workers, plan seconds")
     for row in doc["mips_quality_vs_budget"]:
         print(

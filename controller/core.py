@@ -133,6 +133,11 @@ class Controller:
         self._placement_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsched-place")
         self._placement_job: Future | None = None
         self._placement_done: dict[str, Any] | None = None
+        # Instances the last plan moved -> their new node, and the epoch it was
+        # planned in: until the agents report them there, the record still shows
+        # the old placement, and a plan made from it would repeat the moves.
+        self._settling: dict[str, str] = {}
+        self._settling_since = 0
         self._mover = get_move_actuator(
             config.move_actuator,
             **({"url": config.move_url} if config.move_actuator == "testbed" else {}),
@@ -417,7 +422,8 @@ class Controller:
             return {"planned": False}
         done, self._placement_done = self._placement_done, None
         busy = self._placement_job is not None and not self._placement_job.done()
-        if not busy:
+        settling = [] if busy else self._still_settling(record)
+        if not busy and not settling:
             snapshot = (
                 record,
                 capacity,
@@ -428,9 +434,32 @@ class Controller:
             )
             self._placement_job = self._placement_pool.submit(self._plan_and_move, *snapshot)
         out: dict[str, Any] = {"planned": False, "in_progress": busy}
+        if settling:
+            out["awaiting_moved"] = settling
         if done is not None:
             out.update(done)
         return out
+
+    def _still_settling(self, record: dict[str, Any]) -> list[str]:
+        """Moved instances not yet reported on their new node (none after
+        ``forget_after_slots`` epochs: by then a missing report is news too)."""
+        if not self._settling:
+            return []
+        if self.epoch - self._settling_since > self.config.forget_after_slots:
+            log.warning(
+                "moved instances not reported on their new node after %d epochs: %s",
+                self.config.forget_after_slots,
+                ", ".join(sorted(self._settling)),
+            )
+            self._settling = {}
+            return []
+        where = {
+            f"{i['app']}/{i['operator']}/{i['instance']}": i["node"] for i in record["instances"]
+        }
+        pending = sorted(i for i, node in self._settling.items() if where.get(i) != node)
+        if not pending:
+            self._settling = {}
+        return pending
 
     def _plan_and_move(self, record, capacity, current, dags, mode, epoch) -> None:
         try:
@@ -456,6 +485,10 @@ class Controller:
             # rolls back); the next plan starts from what is measured then.
             log.error("moves planned in epoch %d failed: %s", epoch, exc)
             result = {"error": str(exc)}
+        done = set(result.get("moved", ())) | set(result.get("restarted", ()))
+        # Set before _placement_done: the epoch reads it only once this job is over.
+        self._settling = {m.instance: m.to_node for m in plan.moves if m.instance in done}
+        self._settling_since = epoch
         self._placement_done = {
             "planned": True,
             "epoch": epoch,

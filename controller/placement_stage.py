@@ -28,7 +28,10 @@ It returns a plan only when a node's predicted demand exceeds its capacity
 minus headroom, an instance sits on a node that is gone, or a node's whole
 demand fits in the spare room of the others (it can be emptied); and only
 when that plan moves something. Otherwise it returns None and the epoch
-moves nothing.
+moves nothing; in an epoch that needs no plan the strategy's ``observe`` is
+called instead, so strategies that count epochs (``liu``'s scale-in
+patience) see every one. Build the strategy once and pass the same object
+each epoch.
 """
 
 from __future__ import annotations
@@ -172,6 +175,7 @@ def plan_placement(
     )
     why = placement_needed(state, headroom_cores, scale_in)
     if not why:
+        strategy.observe(state, headroom_cores)
         return None
     plan = strategy.plan(state, headroom_cores=headroom_cores)
     if not plan.moves:

@@ -137,6 +137,42 @@ def cap_errors(records: list[dict[str, Any]], saturated_fraction: float = 0.5) -
     return errors
 
 
+def placement_figure(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What placement did, from the controller's decision records.
+
+    A plan is reported in ``record["placement"]`` of the first epoch after it
+    finished (planning and moving run beside the epochs); each one is listed
+    with the epoch it was planned in, its moves, the workers it affected and
+    what the move actuator did, and the counts are summed.
+    """
+    plans = []
+    for rec in records:
+        p = rec.get("placement") or {}
+        if not p.get("planned"):
+            continue
+        plans.append(
+            {
+                "planned_in_epoch": p.get("epoch"),
+                "reported_in_epoch": rec.get("epoch"),
+                "strategy": p.get("strategy"),
+                "actuator": p.get("actuator"),
+                "moves": p.get("moves", []),
+                "affected_workers": p.get("affected_workers", 0),
+                "affected_stateful_workers": p.get("affected_stateful_workers", 0),
+                "stateful_moves": p.get("stateful_moves", 0),
+                "reasons": p.get("reasons", []),
+                "result": p.get("result"),
+            }
+        )
+    return {
+        "plans": plans,
+        "moves": sum(len(p["moves"]) for p in plans),
+        "affected_workers": sum(p["affected_workers"] for p in plans),
+        "affected_stateful_workers": sum(p["affected_stateful_workers"] for p in plans),
+        "stateful_moves": sum(p["stateful_moves"] for p in plans),
+    }
+
+
 def _cgroup_dirs(root: Path) -> list[str]:
     if not root.exists():
         return []
@@ -217,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, old_handler)
 
     errors = cap_errors(records)
+    placement = placement_figure(records)
     lat = sorted(stats.latencies)
     summary = {
         "tuples_in": stats.roots,
@@ -238,10 +275,8 @@ def run(args: argparse.Namespace) -> int:
         "history_lag_slots_median": (
             statistics.median(history_lags) / args.slot_seconds if history_lags else None
         ),
-        "placement_plans": sum(1 for r in records if r.get("placement", {}).get("planned")),
-        "affected_workers": sum(
-            r.get("placement", {}).get("affected_workers", 0) or 0 for r in records
-        ),
+        "placement_plans": len(placement["plans"]),
+        "affected_workers": placement["affected_workers"],
         "interrupted": interrupted.is_set(),
         # Instance cgroups that appeared while it ran (none in dry-run), and
         # those still there after the instances stopped (the agent removes them).
@@ -272,6 +307,7 @@ def run(args: argparse.Namespace) -> int:
             }
             for r in records
         ],
+        "placement": placement,
         "summary": summary,
     }
     _print_summary(console, summary, mode)

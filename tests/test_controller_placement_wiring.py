@@ -7,7 +7,9 @@ import pytest
 
 from controller.config import ControllerConfig
 from controller.core import Controller
+from controller.migration import MoveResult
 from dsched.config import ConfigError, from_dict
+from dsched.demo import placement_figure
 from tests.test_controller_epoch import SyntheticNode, config, run
 
 
@@ -63,3 +65,90 @@ def test_move_actuator_config_is_checked(data, key):
     with pytest.raises(ConfigError) as e:
         from_dict(ControllerConfig, data)
     assert e.value.key == key
+
+
+class _ReportsDone:
+    """A move actuator that says every planned move was carried out; what the agents
+    report does not change unless the test changes it."""
+
+    name = "testbed"
+
+    def __init__(self) -> None:
+        self.plans = []
+
+    def execute(self, plan):
+        self.plans.append(plan)
+        return MoveResult(
+            self.name,
+            True,
+            moved=[m.instance for m in plan.moves],
+            affected_workers=list(plan.affected_workers),
+        )
+
+
+def _first_move(tmp_path, clock):
+    c = Controller(
+        config(
+            tmp_path,
+            mode="enforce",
+            node_capacity_cores={"n1": 0.5, "n2": 2.0},
+            forget_after_slots=4,
+        ),
+        clock=lambda: clock[0],
+    )
+    mover = c._mover = _ReportsDone()
+    busy, idle = SyntheticNode(c, "n1", cores=2.0), SyntheticNode(c, "n2", cores=2.0)
+
+    def epoch(on_n1: dict, on_n2: dict) -> dict:
+        clock[0] += 1.0
+        busy.report(clock[0], on_n1)
+        idle.report(clock[0], on_n2)
+        rec = c.run_epoch()
+        assert c.wait_placement(timeout=30)
+        return rec
+
+    for _ in range(8):
+        epoch({"wc": 300}, {})
+        if mover.plans:
+            break
+    assert len(mover.plans) == 1, "n1 never overloaded"
+    return c, mover, epoch, (busy, idle)
+
+
+def test_no_plan_repeats_moves_the_agents_have_not_reported_yet(tmp_path, clock):
+    c, mover, epoch, _ = _first_move(tmp_path, clock)
+    moved = sorted(m.instance for m in mover.plans[0].moves)
+    # n1 still reports everything (the reports lag the move): no plan from that view.
+    for _ in range(4):
+        rec = epoch({"wc": 300}, {})
+        assert len(mover.plans) == 1
+        assert rec["placement"]["awaiting_moved"] == moved
+    # After forget_after_slots epochs without the instances on their new node,
+    # the reports are believed and planning resumes.
+    epoch({"wc": 300}, {})
+    epoch({"wc": 300}, {})
+    assert len(mover.plans) == 2
+
+
+def test_planning_resumes_once_moved_instances_report_from_their_new_node(tmp_path, clock):
+    c, mover, epoch, (busy, idle) = _first_move(tmp_path, clock)
+    # Every instance now reports from n2, which has room; its counters carry on.
+    idle.totals = busy.totals
+    rec = epoch({}, {"wc": 300})
+    assert "awaiting_moved" not in rec["placement"]
+    assert c._settling == {}
+    assert len(mover.plans) == 1
+
+
+def test_the_demo_placement_figure_reads_plans_from_the_decision_records(tmp_path, clock):
+    c, rec = _overloaded(tmp_path, clock)
+    figure = placement_figure(c.store.decisions(100))
+    last = figure["plans"][-1]
+    assert last["reported_in_epoch"] == rec["epoch"]
+    assert last["planned_in_epoch"] == rec["placement"]["epoch"] < rec["epoch"]
+    assert last["affected_workers"] == rec["placement"]["affected_workers"] >= 1
+    assert last["actuator"] == "log-only" and last["moves"] == rec["placement"]["moves"]
+    assert figure["affected_workers"] == sum(p["affected_workers"] for p in figure["plans"])
+    assert figure["moves"] >= len(last["moves"])
+    # Records without a finished plan add nothing.
+    assert placement_figure([{"epoch": 1, "placement": {"planned": False}}])["plans"] == []

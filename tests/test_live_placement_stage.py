@@ -80,11 +80,27 @@ def test_overloaded_node_moves_only_stateless_instances_when_that_suffices():
     json.dumps(summary)  # goes into the decision record as is
 
 
-def test_node_that_can_be_emptied_gets_a_scale_in_plan():
-    plan = plan_placement(_record(0.05), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
-    assert plan is not None
-    assert [m.instance for m in plan.moves] == [f"{APP}/count/1"]
-    assert plan.nodes_used == 1
+def test_node_that_can_be_emptied_gets_a_scale_in_plan_once_low_load_persists():
+    from controller.placement import get_strategy
+
+    # n2 holds a stateful worker: emptying it waits for three consecutive low epochs.
+    strategy = get_strategy("liu", scale_in_patience=3)
+
+    def plan(split_cores: float):
+        return plan_placement(
+            _record(split_cores), CAPACITY, _current(), strategy, headroom_cores=0.1, dags=DAG
+        )
+
+    assert plan(0.05) is None
+    assert plan(0.05) is None
+    # An epoch in which no node can be emptied needs no plan, and restarts the count.
+    assert plan(0.16) is None
+    assert plan(0.05) is None
+    assert plan(0.05) is None
+    done = plan(0.05)
+    assert done is not None
+    assert [m.instance for m in done.moves] == [f"{APP}/count/1"]
+    assert done.nodes_used == 1
 
 
 def test_scale_in_can_be_switched_off():

@@ -115,6 +115,11 @@ def test_unknown_strategy_lists_the_known_ones():
         ("even", {"workers_per_app": 0}, "workers_per_app"),
         ("rstorm", {"w_net": -1}, "w_net"),
         ("liu", {"scale_in": "yes"}, "scale_in"),
+        ("liu", {"scale_in_patience": 0}, "scale_in_patience"),
+        ("liu", {"scale_in_patience": -2}, "scale_in_patience"),
+        ("liu", {"scale_in_patience": 1.5}, "scale_in_patience"),
+        ("liu", {"scale_in_patience": True}, "scale_in_patience"),
+        ("liu", {"scale_in_patience": "3"}, "scale_in_patience"),
         ("liu", {"no_such_option": 1}, "no_such_option"),
     ],
 )

@@ -201,15 +201,122 @@ def test_liu_prefers_a_node_where_no_extra_worker_is_disrupted():
 
 def test_liu_scale_in_empties_the_least_loaded_node():
     state = _wordcount({"spout": 0.1, "split": 0.2, "count": 0.2})  # 0.5 per node
-    plan = get_strategy("liu").plan(state)
+    plan = get_strategy("liu", scale_in_patience=1).plan(state)
     assert plan.nodes_used == 1
     assert plan.feasible
     assert plan.mixed_workers == 0
     emptied = {m.from_node for m in plan.moves}
     assert len(emptied) == 1
     assert any(r.startswith("scale in: emptied node") for r in plan.reasons)
-    # Merged into one worker of each kind on the remaining node.
+    # One worker of each kind on the remaining node.
     assert len(plan.workers) == 2
+
+
+def test_liu_empties_a_node_with_a_stateful_worker_only_after_patience():
+    state = _wordcount({"spout": 0.1, "split": 0.2, "count": 0.2})
+    liu = get_strategy("liu", scale_in_patience=3)
+    for waited in (1, 2):
+        plan = liu.plan(state)
+        assert plan.moves == () and plan.affected_stateful_workers == ()
+        assert any(f"emptiable {waited} of 3 plans" in r for r in plan.reasons), plan.reasons
+    plan = liu.plan(state)
+    assert plan.nodes_used == 1
+    # The only place for n0's stateful worker is n1's: a merge, both restart.
+    assert plan.affected_stateful_workers == ("wc@n0:sf", "wc@n1:sf")
+    assert any(r.startswith("scale in: emptied node n0") for r in plan.reasons)
+
+
+def test_liu_patience_counts_consecutive_plans_only():
+    low = _wordcount({"spout": 0.1, "split": 0.2, "count": 0.2})
+    busy = _wordcount({"spout": 0.3, "split": 0.5, "count": 0.5})  # 1.3 per node: no room
+    liu = get_strategy("liu", scale_in_patience=2)
+    assert liu.plan(low).moves == ()
+    assert liu.plan(busy).moves == ()  # not emptiable: the count starts again
+    assert liu.plan(low).moves == ()
+    assert liu.plan(low).nodes_used == 1
+    # An epoch the controller did not plan (nothing was needed) breaks the run too.
+    liu = get_strategy("liu", scale_in_patience=2)
+    assert liu.plan(low).moves == ()
+    liu.observe(busy)
+    assert liu.plan(low).moves == ()
+    liu.observe(low)
+    assert liu.plan(low).nodes_used == 1
+
+
+def test_liu_empties_first_a_node_that_holds_no_stateful_worker():
+    # n1 (0.15 cores, with a stateful worker) is less loaded than n2 (0.2 cores,
+    # stateless only), but emptying n2 disrupts no stateful worker.
+    nodes = tuple(Node(f"n{k}", 2.0) for k in range(3))
+    insts = (
+        Instance("a", "src", 0, 1.0, False, "a@n0:sl", "n0"),
+        Instance("a", "agg", 0, 0.2, True, "a@n0:sf", "n0"),
+        Instance("b", "src", 0, 0.1, False, "b@n1:sl", "n1"),
+        Instance("b", "agg", 0, 0.05, True, "b@n1:sf", "n1"),
+        Instance("a", "src", 1, 0.2, False, "a@n2:sl", "n2"),
+    )
+    workers = (
+        Worker("a@n0:sl", "a", "n0", False),
+        Worker("a@n0:sf", "a", "n0", True),
+        Worker("b@n1:sl", "b", "n1", False),
+        Worker("b@n1:sf", "b", "n1", True),
+        Worker("a@n2:sl", "a", "n2", False),
+    )
+    dags = {"a": (("src", "agg"),), "b": (("src", "agg"),)}
+    state = ClusterState(nodes, insts, workers, dags)
+    plan = get_strategy("liu", scale_in_patience=1).plan(state)
+    assert plan.reasons[0].startswith("scale in: emptied node n2"), plan.reasons
+    assert plan.moves[0].from_node == "n2"
+
+
+def test_liu_moves_a_worker_where_it_disrupts_no_other_worker():
+    # n1's a:sl worker could merge into a@n0:sl (the fullest node with room), which
+    # would restart that worker too; n2 has room and no a:sl worker, so it goes there.
+    nodes = tuple(Node(f"n{k}", 2.0) for k in range(3))
+    insts = (
+        Instance("a", "src", 0, 1.2, False, "a@n0:sl", "n0"),
+        Instance("c", "src", 0, 0.6, False, "c@n0:sl", "n0"),
+        Instance("a", "src", 1, 0.1, False, "a@n1:sl", "n1"),
+        Instance("c", "src", 1, 1.0, False, "c@n2:sl", "n2"),
+    )
+    workers = (
+        Worker("a@n0:sl", "a", "n0", False),
+        Worker("c@n0:sl", "c", "n0", False),
+        Worker("a@n1:sl", "a", "n1", False),
+        Worker("c@n2:sl", "c", "n2", False),
+    )
+    plan = get_strategy("liu").plan(ClusterState(nodes, insts, workers))
+    assert [(m.instance, m.to_node) for m in plan.moves] == [("a/src/1", "n2")]
+    assert plan.affected_workers == ("a@n1:sl",)
+    assert plan.nodes_used == 2
+
+
+def test_liu_moves_nothing_onto_a_node_waiting_to_be_emptied():
+    # n2 (stateless only) could go to n1, but n1 holds a stateful worker and is
+    # itself waiting to be emptied: n2's worker would move twice. n0 has no room.
+    nodes = tuple(Node(f"n{k}", 2.0) for k in range(3))
+    insts = (
+        Instance("a", "src", 0, 1.9, False, "a@n0:sl", "n0"),
+        Instance("b", "src", 0, 0.1, False, "b@n1:sl", "n1"),
+        Instance("b", "agg", 0, 0.1, True, "b@n1:sf", "n1"),
+        Instance("c", "src", 0, 0.3, False, "c@n2:sl", "n2"),
+    )
+    workers = (
+        Worker("a@n0:sl", "a", "n0", False),
+        Worker("b@n1:sl", "b", "n1", False),
+        Worker("b@n1:sf", "b", "n1", True),
+        Worker("c@n2:sl", "c", "n2", False),
+    )
+    state = ClusterState(nodes, insts, workers, {"b": (("src", "agg"),)})
+    liu = get_strategy("liu", scale_in_patience=2)
+    first = liu.plan(state)
+    assert first.moves == ()
+    assert any("waiting before emptying n1" in r for r in first.reasons)
+    # Once n1's wait is over it is a target like any other; stateless-only n2 goes
+    # first, and n1's stateful worker stays where it is.
+    second = liu.plan(state)
+    assert [(m.from_node, m.to_node) for m in second.moves] == [("n2", "n1")]
+    assert second.affected_stateful_workers == ()
+    assert second.nodes_used == 2
 
 
 def test_liu_replaces_instances_of_a_vanished_node():

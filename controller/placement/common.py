@@ -73,6 +73,14 @@ class PlacementStrategy(abc.ABC):
     def decide(self, state: ClusterState, headroom_cores: float) -> Decision:
         """Group for every instance of ``state``."""
 
+    def observe(self, state: ClusterState, headroom_cores: float = 0.0) -> None:
+        """An epoch in which the caller decided no plan was needed.
+
+        Strategies that count epochs (``liu``'s scale-in patience) update their
+        memory here, so that "consecutive plans" means consecutive epochs.
+        """
+        return None  # most strategies keep no memory between epochs
+
 
 def check_headroom(headroom_cores: float) -> float:
     if isinstance(headroom_cores, bool) or not isinstance(headroom_cores, int | float):

@@ -19,10 +19,26 @@ moving stateless instances never restarts stateful ones. Per epoch:
    instance actually needs it. An instance whose own worker was disrupted
    stays on its node while that node has room: the worker restarts either
    way, and staying saves a network hop.
-3. *Scale in* (Alg. 3). Repeatedly take the least-loaded node and merge each
-   of its workers into one worker of the same app and kind on another node
-   (nodes with least remaining room first); empty it only if every worker
-   finds such a target.
+3. *Scale in* (Alg. 3). Repeatedly empty a node by moving each of its
+   workers, whole, to one other node (nodes with least remaining room first);
+   a node is emptied only if every worker finds a target. Emptying a node that
+   holds a stateful worker restarts that worker and carries its state, so
+   scale in is careful where Alg. 3 is not:
+
+   - nodes holding only stateless workers are emptied first (least loaded
+     first); they disrupt no stateful worker;
+   - a node holding a stateful worker is emptied only once it has been
+     emptiable for ``scale_in_patience`` consecutive plans (least loaded
+     first), so a dip in load does not cost a state migration;
+   - a worker goes first where no further worker is disrupted (a node without
+     a worker of its app and kind, or whose one is restarting anyway, as in
+     Alg. 2), and is merged into an existing worker only otherwise;
+   - nothing is moved onto a node that is itself waiting to be emptied: its
+     emptying would move the same instances again in a later plan.
+
+   The strategy remembers, per node, how many consecutive plans it was
+   emptiable; a controller that skips planning in an epoch calls
+   :meth:`LiuStrategy.observe` instead, so the count stays consecutive.
 
 If the heuristic leaves a node over capacity, a full first-fit-decreasing
 repack (still separating stateful from stateless) is tried, and used when it
@@ -39,10 +55,16 @@ from controller.placement.common import (
     GroupKey,
     PlacementStrategy,
     bfs_instances,
+    check_headroom,
     first_fit_decreasing,
     fits,
 )
 from controller.placement.model import ClusterState, Instance
+
+#: Consecutive plans a node holding a stateful worker must have been emptiable
+#: before scale in empties it: at the default 10 s slot, half a minute of low
+#: load, longer than the swings the load predictor follows slot by slot.
+DEFAULT_SCALE_IN_PATIENCE = 3
 
 STATEFUL_LABEL = "sf"
 STATELESS_LABEL = "sl"
@@ -124,10 +146,34 @@ class LiuStrategy(PlacementStrategy):
 
     name = "liu"
 
-    def __init__(self, scale_in: bool = True) -> None:
+    def __init__(
+        self, scale_in: bool = True, scale_in_patience: int = DEFAULT_SCALE_IN_PATIENCE
+    ) -> None:
         if not isinstance(scale_in, bool):
             raise ValueError(f"scale_in must be a bool, got {scale_in!r}")
+        if (
+            isinstance(scale_in_patience, bool)
+            or not isinstance(scale_in_patience, int)
+            or scale_in_patience < 1
+        ):
+            raise ValueError(
+                "scale_in_patience (consecutive plans a node holding a stateful worker "
+                f"must stay emptiable before it is emptied) must be an int >= 1, "
+                f"got {scale_in_patience!r}"
+            )
         self.scale_in = scale_in
+        self.scale_in_patience = scale_in_patience
+        # Node -> consecutive plans in which it could have been emptied.
+        self._low_streak: dict[str, int] = {}
+
+    def observe(self, state: ClusterState, headroom_cores: float = 0.0) -> None:
+        """An epoch passed without a plan: update what the strategy remembers of it."""
+        headroom_cores = check_headroom(headroom_cores)
+        layout = _Layout(state, headroom_cores)
+        if self._load_current(state, layout, []):
+            self._low_streak.clear()  # displaced instances: the next plan starts afresh
+            return
+        self._count_low(layout)
 
     def decide(self, state: ClusterState, headroom_cores: float) -> Decision:
         reasons: list[str] = []
@@ -139,6 +185,8 @@ class LiuStrategy(PlacementStrategy):
         displaced |= self._disrupt_overloaded(layout, reasons)
         unplaced = self._place(layout, [instances[i] for i in displaced], home, reasons)
         if unplaced:
+            # A repack or a node over capacity is no low load anywhere.
+            self._low_streak.clear()
             repack = self._repack(state, headroom_cores)
             if repack is not None:
                 reasons.append(
@@ -334,32 +382,88 @@ class LiuStrategy(PlacementStrategy):
 
     # -- Algorithm 3 -------------------------------------------------------------
 
+    @staticmethod
+    def _holds_stateful(layout: _Layout, node: str) -> bool:
+        return any(stateful for _, stateful in layout.slots(node))
+
+    @staticmethod
+    def _targets(layout: _Layout, victim: str, others: list[str]) -> dict[WorkerSlot, str] | None:
+        """A node for each worker of ``victim`` among ``others``, or None if one fits nowhere.
+
+        Tiers as in Alg. 2: first a node where the worker disrupts nobody else
+        (the app has no worker of that kind there, or it restarts anyway), then
+        a merge into an existing worker; within a tier, least room first.
+        """
+        by_room = sorted(others, key=lambda n: (layout.free(n), layout.state.node_index[n]))
+        free = {n: layout.free(n) for n in others}
+        targets: dict[WorkerSlot, str] = {}
+        for slot in sorted(
+            layout.slots(victim), key=lambda s: (-layout.worker_demand(victim, s), s)
+        ):
+            need = layout.worker_demand(victim, slot)
+            roomy = [n for n in by_room if fits(free[n], need)]
+            target = next(
+                (n for n in roomy if (n, slot) in layout.usable or not layout.members[n].get(slot)),
+                roomy[0] if roomy else None,
+            )
+            if target is None:
+                return None
+            targets[slot] = target
+            free[target] -= need
+        return targets
+
+    def _count_low(self, layout: _Layout) -> set[str]:
+        """Nodes that could be emptied now; counts their consecutive low plans."""
+        used = [n for n in layout.state.node_ids if layout.used(n)]
+        low = set()
+        if len(used) > 1:
+            low = {
+                n for n in used if self._targets(layout, n, [m for m in used if m != n]) is not None
+            }
+        self._low_streak = {n: self._low_streak.get(n, 0) + 1 for n in sorted(low)}
+        return low
+
     def _scale_in(self, layout: _Layout, reasons: list[str]) -> None:
         nodes = layout.state.node_ids
+        index = layout.state.node_index
         instances = layout.state.instance_map()
+        low = self._count_low(layout)
+        waiting = {
+            n
+            for n in low
+            if self._holds_stateful(layout, n) and self._low_streak[n] < self.scale_in_patience
+        }
+        if waiting:
+            reasons.append(
+                "scale in: waiting before emptying "
+                + ", ".join(
+                    f"{n} (stateful; emptiable {self._low_streak[n]} of "
+                    f"{self.scale_in_patience} plans)"
+                    for n in sorted(waiting, key=index.__getitem__)
+                )
+            )
         while True:
             used = [n for n in nodes if layout.used(n)]
             if len(used) <= 1:
                 return
-            victim = min(used, key=lambda n: (layout.load(n), layout.state.node_index[n]))
-            others = sorted(
-                (n for n in used if n != victim),
-                key=lambda n: (layout.free(n), layout.state.node_index[n]),
-            )
-            free = {n: layout.free(n) for n in others}
-            targets: dict[WorkerSlot, str] = {}
-            for slot in sorted(
-                layout.slots(victim), key=lambda s: (-layout.worker_demand(victim, s), s)
-            ):
-                need = layout.worker_demand(victim, slot)
-                target = next((n for n in others if fits(free[n], need)), None)
-                if target is None:
-                    return
-                targets[slot] = target
-                free[target] -= need
+            by_load = sorted(used, key=lambda n: (layout.load(n), index[n]))
+            candidates = [n for n in by_load if not self._holds_stateful(layout, n)] + [
+                n
+                for n in by_load
+                if self._holds_stateful(layout, n)
+                and self._low_streak.get(n, 0) >= self.scale_in_patience
+            ]
+            for victim in candidates:
+                others = [n for n in used if n != victim and n not in waiting]
+                targets = self._targets(layout, victim, others)
+                if targets is not None:
+                    break
+            else:
+                return
             for slot, target in targets.items():
                 for inst_id in layout.take_worker(victim, slot):
                     layout.add(target, instances[inst_id])
                 layout.usable.add((target, slot))
+            self._low_streak.pop(victim, None)
             merged = ", ".join(f"{a}:{_label(sf)}->{t}" for (a, sf), t in sorted(targets.items()))
-            reasons.append(f"scale in: emptied node {victim} by merging workers {merged}")
+            reasons.append(f"scale in: emptied node {victim} by moving workers {merged}")

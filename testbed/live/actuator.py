@@ -11,6 +11,19 @@ controller is a separate process:
 - ``GET /placement``: instance id -> [worker, node] for every application.
 
 Moves are executed one request at a time.
+
+The endpoint binds its port when it is built, so it can be started before
+anything else: the controller's config needs its URL (``move_url``), the
+agents need the controller, and a topology needs the agents' sockets. The
+topologies are attached (:meth:`MoveEndpoint.attach`) once they run; until
+then their moves are refused with the reason::
+
+    endpoint = MoveEndpoint().start()
+    cluster = LocalCluster(..., controller_config={"move_actuator": "testbed",
+                                                   "move_url": endpoint.url}).start()
+    topo = DistributedTopology(..., nodes={n: str(a.socket) for n, a in cluster.agents.items()})
+    topo.start()
+    endpoint.attach(topo)
 """
 
 from __future__ import annotations
@@ -61,11 +74,11 @@ class MoveEndpoint:
 
     def __init__(
         self,
-        topologies: Mapping[str, DistributedTopology],
+        topologies: Mapping[str, DistributedTopology] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ):
-        self.topologies = topologies
+        self.topologies: dict[str, DistributedTopology] = dict(topologies or {})
         self._serialize = threading.Lock()
         endpoint = self
 
@@ -86,7 +99,7 @@ class MoveEndpoint:
                     self._reply(404, {"error": f"no such path {self.path!r}"})
                     return
                 placement = {}
-                for topo in endpoint.topologies.values():
+                for topo in tuple(endpoint.topologies.values()):
                     placement.update({k: list(v) for k, v in topo.placement().items()})
                 self._reply(200, placement)
 
@@ -121,6 +134,12 @@ class MoveEndpoint:
         self._thread = threading.Thread(
             target=self.server.serve_forever, name="move-endpoint", daemon=True
         )
+
+    def attach(self, topology: DistributedTopology) -> None:
+        """Serve the moves of ``topology``'s application from now on."""
+        # Not while a plan runs: a plan is carried out against one set of topologies.
+        with self._serialize:
+            self.topologies[topology.spec.app] = topology
 
     @property
     def url(self) -> str:

@@ -11,10 +11,12 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,6 +227,22 @@ class LocalCluster:
     def plan(self) -> dict[str, Any] | None:
         r = self.admin().GetPlan(pb.GetPlanRequest(), timeout=5)
         return json.loads(r.record_json) if r.record_json else None
+
+    def decisions(self, last: int = 1000) -> list[dict[str, Any]]:
+        """The controller's last ``last`` decision records, oldest first.
+
+        Read from its state store, read-only (WAL lets readers in while the
+        controller writes): unlike polling ``plan()``, no epoch is missed.
+        """
+        path = Path(self.controller_config.get("state_dir", self.workdir / "state"))
+        path = path / "controller.sqlite"
+        if not path.exists():
+            return []
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            rows = db.execute(
+                "SELECT record FROM decisions ORDER BY epoch DESC LIMIT ?", (last,)
+            ).fetchall()
+        return [json.loads(row[0]) for row in reversed(rows)]
 
     @staticmethod
     def _terminate(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:

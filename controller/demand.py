@@ -125,6 +125,42 @@ class WithLatencyTarget:
         }
 
 
+def _operators_by_app(views: Mapping[OperatorKey, OperatorView]) -> dict[str, list[OperatorKey]]:
+    """Each application's operators in topological order."""
+    by_app: dict[str, list[OperatorKey]] = {}
+    for key in views:
+        by_app.setdefault(key.app, []).append(key)
+    out = {}
+    for app, keys in by_app.items():
+        names = topological_order({k.operator: views[k].upstream for k in keys})
+        out[app] = [OperatorKey(app, n) for n in names]
+    return out
+
+
+def _latency_model(
+    views: Mapping[OperatorKey, OperatorView],
+    forecasts: Mapping[OperatorKey, OperatorForecast],
+    ordered: list[OperatorKey],
+    share: np.ndarray,
+    floor_cores: np.ndarray,
+    ca2: float,
+    cs2: float,
+):
+    from controller.allocation import AppLatencyModel
+
+    index = {k.operator: i for i, k in enumerate(ordered)}
+    return AppLatencyModel(
+        arrival_rate=np.array([forecasts[k].rate for k in ordered]),
+        instances=np.array([len(views[k].instances) for k in ordered], dtype=float),
+        kappa=np.array([forecasts[k].kappa for k in ordered]),
+        share=share,
+        parents=tuple(tuple(index[p] for p in views[k].upstream if p in index) for k in ordered),
+        floor_cores=floor_cores,
+        ca2=ca2,
+        cs2=cs2,
+    )
+
+
 def app_latency_models(
     views: Mapping[OperatorKey, OperatorView],
     forecasts: Mapping[OperatorKey, OperatorForecast],
@@ -135,18 +171,8 @@ def app_latency_models(
 ):
     """Per application, the model that predicts its latency from the CPU it gets
     beyond the floors (shared between operators in proportion to their demand)."""
-    import numpy as np
-
-    from controller.allocation import AppLatencyModel
-
-    by_app: dict[str, list[OperatorKey]] = {}
-    for key in views:
-        by_app.setdefault(key.app, []).append(key)
     models = {}
-    for app, keys in by_app.items():
-        names = topological_order({k.operator: views[k].upstream for k in keys})
-        ordered = [OperatorKey(app, n) for n in names]
-        index = {k.operator: i for i, k in enumerate(ordered)}
+    for app, ordered in _operators_by_app(views).items():
         extra = np.array(
             [
                 sum(max(demands[i].cores - floor_cores, 0.0) for i in views[k].instances)
@@ -157,18 +183,8 @@ def app_latency_models(
             [sum(min(demands[i].cores, floor_cores) for i in views[k].instances) for k in ordered]
         )
         total = extra.sum()
-        models[app] = AppLatencyModel(
-            arrival_rate=np.array([forecasts[k].rate for k in ordered]),
-            instances=np.array([len(views[k].instances) for k in ordered], dtype=float),
-            kappa=np.array([forecasts[k].kappa for k in ordered]),
-            share=extra / total if total > 0 else np.full(len(ordered), 1.0 / len(ordered)),
-            parents=tuple(
-                tuple(index[p] for p in views[k].upstream if p in index) for k in ordered
-            ),
-            floor_cores=floors,
-            ca2=ca2,
-            cs2=cs2,
-        )
+        share = extra / total if total > 0 else np.full(len(ordered), 1.0 / len(ordered))
+        models[app] = _latency_model(views, forecasts, ordered, share, floors, ca2, cs2)
     return models
 
 
@@ -181,37 +197,18 @@ def estimate_latency_seconds(
 ) -> dict[str, float]:
     """Allen–Cunneen critical-path latency of each application under ``caps``
     (inf when an operator's caps cannot keep up with its predicted arrivals)."""
-    import numpy as np
-
-    from controller.allocation import AppLatencyModel
-
-    by_app: dict[str, list[OperatorKey]] = {}
-    for key in views:
-        by_app.setdefault(key.app, []).append(key)
     out = {}
-    for app, keys in by_app.items():
-        names = topological_order({k.operator: views[k].upstream for k in keys})
-        ordered = [OperatorKey(app, n) for n in names]
-        index = {k.operator: i for i, k in enumerate(ordered)}
-        model = AppLatencyModel(
-            arrival_rate=np.array([forecasts[k].rate for k in ordered]),
-            instances=np.array([len(views[k].instances) for k in ordered], dtype=float),
-            kappa=np.array([forecasts[k].kappa for k in ordered]),
-            share=np.zeros(len(ordered)),
-            parents=tuple(
-                tuple(index[p] for p in views[k].upstream if p in index) for k in ordered
-            ),
-            floor_cores=np.array(
-                [
-                    sum(
-                        min(caps.get(i, MAX_INSTANCE_CORES), MAX_INSTANCE_CORES)
-                        for i in views[k].instances
-                    )
-                    for k in ordered
-                ]
-            ),
-            ca2=ca2,
-            cs2=cs2,
+    for app, ordered in _operators_by_app(views).items():
+        # Every core is a floor here: the model's extra CPU is zero.
+        floors = np.array(
+            [
+                sum(
+                    min(caps.get(i, MAX_INSTANCE_CORES), MAX_INSTANCE_CORES)
+                    for i in views[k].instances
+                )
+                for k in ordered
+            ]
         )
+        model = _latency_model(views, forecasts, ordered, np.zeros(len(ordered)), floors, ca2, cs2)
         out[app] = float(model.latency_seconds(np.zeros(1))[0])
     return out

@@ -239,6 +239,21 @@ class InstanceCounters:
     latency_count: int = 0
     service_seconds: float = 0.0
 
+    def push(self, client, app: str, operator: str, index: int, queue_length: int) -> None:
+        """Send these counters to the agent (``AgentClient.update``)."""
+        client.update(
+            app,
+            operator,
+            index,
+            received=self.received,
+            executed=self.executed,
+            emitted=self.emitted,
+            queue_length=queue_length,
+            latency_sum_seconds=self.latency_sum_seconds,
+            latency_count=self.latency_count,
+            service_seconds=self.service_seconds,
+        )
+
 
 class Acker:
     """Tracks every root tuple's tree; complete when no part of it is pending."""
@@ -488,18 +503,8 @@ class LiveTopology:
         if self._client is None:
             return
         for inst in self.all_instances():
-            c = inst.counters
-            self._client.update(
-                self.spec.app,
-                inst.spec.name,
-                inst.index,
-                received=c.received,
-                executed=c.executed,
-                emitted=c.emitted,
-                queue_length=inst.queue.qsize(),
-                latency_sum_seconds=c.latency_sum_seconds,
-                latency_count=c.latency_count,
-                service_seconds=c.service_seconds,
+            inst.counters.push(
+                self._client, self.spec.app, inst.spec.name, inst.index, inst.queue.qsize()
             )
 
     # ------------------------------------------------------------ lifecycle

@@ -254,19 +254,7 @@ class WorkerProcess:
         if self._client is None:
             return
         for (op, index), inst in list(self.instances.items()):
-            c = inst.counters
-            self._client.update(
-                self.config.app,
-                op,
-                index,
-                received=c.received,
-                executed=c.executed,
-                emitted=c.emitted,
-                queue_length=inst.queue.qsize(),
-                latency_sum_seconds=c.latency_sum_seconds,
-                latency_count=c.latency_count,
-                service_seconds=c.service_seconds,
-            )
+            inst.counters.push(self._client, self.config.app, op, index, inst.queue.qsize())
 
     def _report(self) -> None:
         while not self._stop.wait(self.config.counters_seconds):

@@ -11,6 +11,12 @@ workers, node-epochs used, overloaded node-epochs, inter-node traffic
 
 ``mips`` is also run alone over a range of sample budgets on the same inputs
 (several seeds), reporting its quality against budget; a PNG shows it.
+
+``liu`` runs with its defaults unless ``--liu-option KEY=VALUE`` overrides one;
+each ``--liu-variant KEY=VALUE[,KEY=VALUE...]`` runs it once more with other
+options (by default ``scale_in_patience=3`` and ``stateful_growth=0``) and
+records the figures under ``liu_variants``, so the trade-off of a default
+shows beside it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,33 @@ from controller.placement import (
 
 SCENARIOS = ("growing", "shrinking", "random")
 DEFAULT_BUDGETS = (4, 16, 64, 256, 1024)
+DEFAULT_LIU_VARIANTS = ("scale_in_patience=3", "stateful_growth=0")
+
+
+def parse_option(text: str, flag: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> (key, value); the value as an int, float or bool when it reads as one."""
+    key, sep, raw = text.partition("=")
+    key, raw = key.strip(), raw.strip()
+    if not sep or not key or not raw:
+        raise ValueError(f"{flag} must look like KEY=VALUE, got {text!r}")
+    if raw.lower() in ("true", "false"):
+        return key, raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return key, kind(raw)
+        except ValueError:
+            pass
+    return key, raw
+
+
+def parse_options(items: list[str], flag: str) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, value = parse_option(item, flag)
+        if key in options:
+            raise ValueError(f"{flag} sets {key} twice")
+        options[key] = value
+    return options
 
 
 @dataclass(frozen=True)
@@ -218,6 +251,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="mips sample budgets for the quality curve",
     )
     parser.add_argument("--budget-seeds", type=int, default=3, help="mips seeds per budget")
+    parser.add_argument(
+        "--liu-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="liu option for the comparison, e.g. scale_in_patience=3 (repeatable)",
+    )
+    parser.add_argument(
+        "--liu-variant",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE[,KEY=VALUE...]",
+        help="also run liu with these options, recorded under liu_variants (repeatable; "
+        f"default: {' and '.join(DEFAULT_LIU_VARIANTS)})",
+    )
 
 
 def mips_quality(states_by_scenario, budgets, seeds: int, headroom: float) -> list[dict[str, Any]]:
@@ -292,28 +340,41 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--headroom must be >= 0, got {args.headroom}")
     if args.mips_samples < 1 or any(b < 1 for b in args.budgets):
         raise ValueError("--mips-samples and --budgets must be >= 1")
+    liu_options = parse_options(args.liu_option, "--liu-option")
+    variant_specs = DEFAULT_LIU_VARIANTS if args.liu_variant is None else args.liu_variant
+    variants = [
+        parse_options([o for o in spec.split(",") if o.strip()], "--liu-variant")
+        for spec in variant_specs
+    ]
+    for options in (liu_options, *variants):
+        get_strategy("liu", **options)  # bad options fail here, before any run
     states = {s: scenario_states(s, args.seed, args.epochs) for s in SCENARIOS}
     per_scenario: dict[str, dict[str, dict[str, Any]]] = {}
     summed: dict[str, dict[str, float]] = {}
     # Options each strategy runs with (the rest are its defaults), recorded in the JSON.
     strategy_options: dict[str, dict[str, Any]] = {
-        "liu": {"scale_in_patience": get_strategy("liu").scale_in_patience},
+        "liu": _liu_options(liu_options),
+        "mips": {"samples": args.mips_samples, "seed": args.seed},
+    }
+    run_options: dict[str, dict[str, Any]] = {
+        "liu": liu_options,
         "mips": {"samples": args.mips_samples, "seed": args.seed},
     }
     for scenario, epoch_states in states.items():
         per_scenario[scenario] = {}
         for name in STRATEGIES:
-            options = {"samples": args.mips_samples, "seed": args.seed} if name == "mips" else {}
-            figs = run_strategy(name, epoch_states, args.headroom, **options)
+            figs = run_strategy(name, epoch_states, args.headroom, **run_options.get(name, {}))
             per_scenario[scenario][name] = figs
             acc = summed.setdefault(name, dict.fromkeys(figs, 0.0))
             for key, value in figs.items():
                 acc[key] += value
     for figs in summed.values():
         figs["inter_node_traffic"] = round(figs["inter_node_traffic"], 3)
+    liu_variants = [_liu_variant(options, states, args.headroom) for options in variants]
     quality = mips_quality(states, args.budgets, args.budget_seeds, args.headroom)
     stateful = {n: f["affected_stateful_workers"] for n, f in summed.items()}
     fewest = min(stateful.values())
+    feasible = [n for n, f in summed.items() if f["overloaded_nodes"] == 0]
     figures = {
         "scenarios": [
             {
@@ -336,7 +397,11 @@ def run(args: argparse.Namespace) -> int:
         # Strategies that left no node over capacity in any epoch: the ones that did
         # their job, against which moving fewer stateful workers means something.
         "liu_fewest_affected_stateful_workers_among_feasible": stateful["liu"]
-        == min(v for n, v in stateful.items() if summed[n]["overloaded_nodes"] == 0),
+        == min(stateful[n] for n in feasible),
+        # Node-epochs: liu against every other strategy that left no node over capacity.
+        "liu_fewest_nodes_used_among_feasible": all(
+            summed["liu"]["nodes_used"] < summed[n]["nodes_used"] for n in feasible if n != "liu"
+        ),
         "liu_fewest_affected_stateful_workers_per_scenario": {
             s: figs["liu"]["affected_stateful_workers"]
             == min(f["affected_stateful_workers"] for f in figs.values())
@@ -345,6 +410,7 @@ def run(args: argparse.Namespace) -> int:
         "affected_stateful_workers_vs_liu": {
             n: (v / stateful["liu"] if stateful["liu"] else None) for n, v in stateful.items()
         },
+        "liu_variants": liu_variants,
         "mips_quality_vs_budget": quality,
     }
     png = (
@@ -363,6 +429,33 @@ def run(args: argparse.Namespace) -> int:
     doc = write_result(args.json, "placement", figures)
     _print_table(doc)
     return 0
+
+
+def _liu_options(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Every tunable option liu runs with: its defaults, then ``overrides``."""
+    liu = get_strategy("liu", **overrides)
+    return {
+        "scale_in": liu.scale_in,
+        "scale_in_patience": liu.scale_in_patience,
+        "stateful_growth": liu.stateful_growth,
+    }
+
+
+def _liu_variant(
+    options: dict[str, Any], states: dict[str, list[ClusterState]], headroom: float
+) -> dict[str, Any]:
+    per = {
+        s: run_strategy("liu", epoch_states, headroom, **options)
+        for s, epoch_states in states.items()
+    }
+    summed = {key: sum(figs[key] for figs in per.values()) for key in next(iter(per.values()))}
+    summed["inter_node_traffic"] = round(summed["inter_node_traffic"], 3)
+    return {
+        "options": _liu_options(options),
+        "overrides": options,
+        "figures": summed,
+        "per_scenario": per,
+    }
 
 
 def _print_table(doc: dict[str, Any]) -> None:
@@ -385,6 +478,17 @@ def _print_table(doc: dict[str, Any]) -> None:
         print(f"  {scenario}")
         for name, figs in figs_by_name.items():
             print("    " + name.ljust(16) + "".join(f"{figs[c]:8.4g}" for c in per))
+    for variant in doc["liu_variants"]:
+        over = ", ".join(f"{k}={v}" for k, v in variant["overrides"].items()) or "defaults"
+        per_sf = " / ".join(
+            f"{figs['affected_stateful_workers']:g}" for figs in variant["per_scenario"].values()
+        )
+        figs = variant["figures"]
+        print(
+            f"liu with {over}: affected stateful workers {per_sf} = "
+            f"{figs['affected_stateful_workers']:g}, affected workers {figs['affected_workers']:g}, "
+            f"nodes used {figs['nodes_used']:g}, overloaded nodes {figs['overloaded_nodes']:g}"
+        )
     print("mips samples -> initial inter-node traffic, affected workers, plan seconds")
     for row in doc["mips_quality_vs_budget"]:
         print(

@@ -120,6 +120,11 @@ def test_unknown_strategy_lists_the_known_ones():
         ("liu", {"scale_in_patience": 1.5}, "scale_in_patience"),
         ("liu", {"scale_in_patience": True}, "scale_in_patience"),
         ("liu", {"scale_in_patience": "3"}, "scale_in_patience"),
+        ("liu", {"stateful_growth": -0.5}, "stateful_growth"),
+        ("liu", {"stateful_growth": math.nan}, "stateful_growth"),
+        ("liu", {"stateful_growth": math.inf}, "stateful_growth"),
+        ("liu", {"stateful_growth": True}, "stateful_growth"),
+        ("liu", {"stateful_growth": "1"}, "stateful_growth"),
         ("liu", {"no_such_option": 1}, "no_such_option"),
     ],
 )

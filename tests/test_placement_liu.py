@@ -290,14 +290,110 @@ def test_liu_moves_a_worker_where_it_disrupts_no_other_worker():
     assert plan.nodes_used == 2
 
 
-def test_liu_moves_nothing_onto_a_node_waiting_to_be_emptied():
-    # n2 (stateless only) could go to n1, but n1 holds a stateful worker and is
-    # itself waiting to be emptied: n2's worker would move twice. n0 has no room.
+def test_liu_default_patience_is_five_minutes_of_default_slots():
+    # 30 plans at the controller's default 10 s slot: the HPA's 300 s downscale window.
+    assert get_strategy("liu").scale_in_patience == 30
+    state = _wordcount({"spout": 0.1, "split": 0.2, "count": 0.2})
+    liu = get_strategy("liu")
+    for waited in range(1, 30):
+        plan = liu.plan(state)
+        assert plan.moves == () and plan.affected_stateful_workers == ()
+        assert any(f"emptiable {waited} of 30 plans" in r for r in plan.reasons), plan.reasons
+    plan = liu.plan(state)
+    assert plan.nodes_used == 1
+    assert any(r.startswith("scale in: emptied node n0") for r in plan.reasons)
+
+
+def _waiting_cluster(stateful_on_n1: float) -> ClusterState:
+    """n0 full; n1 holds a stateful worker of b and is emptiable (n2 has room for
+    it); n2 holds only a stateless worker, whose only possible target is n1."""
     nodes = tuple(Node(f"n{k}", 2.0) for k in range(3))
     insts = (
         Instance("a", "src", 0, 1.9, False, "a@n0:sl", "n0"),
         Instance("b", "src", 0, 0.1, False, "b@n1:sl", "n1"),
-        Instance("b", "agg", 0, 0.1, True, "b@n1:sf", "n1"),
+        Instance("b", "agg", 0, stateful_on_n1, True, "b@n1:sf", "n1"),
+        Instance("c", "src", 0, 0.3, False, "c@n2:sl", "n2"),
+    )
+    workers = (
+        Worker("a@n0:sl", "a", "n0", False),
+        Worker("b@n1:sl", "b", "n1", False),
+        Worker("b@n1:sf", "b", "n1", True),
+        Worker("c@n2:sl", "c", "n2", False),
+    )
+    return ClusterState(nodes, insts, workers, {"b": (("src", "agg"),)})
+
+
+def test_liu_empties_a_stateless_node_onto_a_waiting_node_at_once():
+    # n1's stateful worker (0.1 of 2.0 cores) has room to double: n2's stateless
+    # worker goes there now instead of keeping n2 busy through n1's whole wait.
+    plan = get_strategy("liu").plan(_waiting_cluster(0.1))
+    assert [(m.instance, m.from_node, m.to_node) for m in plan.moves] == [("c/src/0", "n2", "n1")]
+    assert plan.affected_workers == ("c@n2:sl",)
+    assert plan.affected_stateful_workers == ()
+    assert plan.nodes_used == 2
+    assert any("waiting before emptying n1" in r for r in plan.reasons), plan.reasons
+    assert any(
+        r.startswith("scale in: emptied node n2") and "waiting to be emptied" in r
+        for r in plan.reasons
+    ), plan.reasons
+
+
+def test_liu_keeps_stateless_workers_off_a_waiting_node_without_stateful_growth_room():
+    # n1's stateful worker takes 1.1 of 2.0 cores: it could not double there, so
+    # stateless workers added to n1 would only make a rise in load restart more of it.
+    state = _waiting_cluster(1.1)
+    assert get_strategy("liu").plan(state).moves == ()
+    # With a smaller growth room the same node is a target.
+    plan = get_strategy("liu", stateful_growth=0.5).plan(state)
+    assert [(m.from_node, m.to_node) for m in plan.moves] == [("n2", "n1")]
+
+
+def test_liu_never_moves_a_stateful_worker_onto_a_waiting_node():
+    # n2 (stateful, emptiable for 2 plans) may be emptied, but its only target is
+    # n1, emptiable for 1 plan and still waiting: the stateful worker would carry
+    # its state twice, so it stays.
+    nodes = (Node("n0", 2.0), Node("n1", 3.0), Node("n2", 2.0))
+    workers = (
+        Worker("a@n0:sl", "a", "n0", False),
+        Worker("b@n1:sf", "b", "n1", True),
+        Worker("c@n2:sf", "c", "n2", True),
+    )
+
+    def state(b_demand: float) -> ClusterState:
+        insts = (
+            Instance("a", "src", 0, 1.9, False, "a@n0:sl", "n0"),
+            Instance("b", "agg", 0, b_demand, True, "b@n1:sf", "n1"),
+            Instance("c", "agg", 0, 0.2, True, "c@n2:sf", "n2"),
+        )
+        return ClusterState(nodes, insts, workers)
+
+    liu = get_strategy("liu", scale_in_patience=2)
+    # n1 at 2.5 cores: n2's 0.2 fits on n1, so n2 is emptiable; n1 fits nowhere.
+    plan = liu.plan(state(2.5))
+    assert plan.moves == ()
+    assert any("n2 (stateful; emptiable 1 of 2 plans)" in r for r in plan.reasons)
+    assert not any("n1 (stateful" in r for r in plan.reasons)
+    # n1 at 1.4 cores fits on n2: emptiable too, for the first time (and with room
+    # for its stateful worker to double, so not barred for that). n2's wait is
+    # over, but its only target with room is the waiting n1.
+    plan = liu.plan(state(1.4))
+    assert plan.moves == (), plan.reasons
+    assert any("n1 (stateful; emptiable 1 of 2 plans)" in r for r in plan.reasons)
+    assert not any("n2 (stateful" in r for r in plan.reasons)
+    # Nothing waits any more: the less loaded n2 empties onto n1.
+    plan = liu.plan(state(1.4))
+    assert [(m.from_node, m.to_node) for m in plan.moves] == [("n2", "n1")]
+
+
+def test_liu_moves_nothing_onto_a_node_waiting_to_be_emptied():
+    # n2 (stateless only) could go to n1, but n1 holds a stateful worker that uses
+    # more than half of it and is itself waiting to be emptied: n2's worker would
+    # move twice. n0 has no room.
+    nodes = tuple(Node(f"n{k}", 2.0) for k in range(3))
+    insts = (
+        Instance("a", "src", 0, 1.9, False, "a@n0:sl", "n0"),
+        Instance("b", "src", 0, 0.1, False, "b@n1:sl", "n1"),
+        Instance("b", "agg", 0, 1.1, True, "b@n1:sf", "n1"),
         Instance("c", "src", 0, 0.3, False, "c@n2:sl", "n2"),
     )
     workers = (

@@ -29,12 +29,21 @@ moving stateless instances never restarts stateful ones. Per epoch:
      first); they disrupt no stateful worker;
    - a node holding a stateful worker is emptied only once it has been
      emptiable for ``scale_in_patience`` consecutive plans (least loaded
-     first), so a dip in load does not cost a state migration;
+     first; default 30, five minutes at the default 10 s slot, as the
+     Kubernetes HPA's downscale stabilization), so a dip in load does not
+     cost a state migration;
    - a worker goes first where no further worker is disrupted (a node without
      a worker of its app and kind, or whose one is restarting anyway, as in
      Alg. 2), and is merged into an existing worker only otherwise;
-   - nothing is moved onto a node that is itself waiting to be emptied: its
-     emptying would move the same instances again in a later plan.
+   - a node waiting to be emptied is a target of last resort: nothing from
+     a node holding a stateful worker goes there (its state would move
+     twice); the workers of a stateless-only node go there only when the other
+     nodes have no room for them and the waiting node's stateful workers
+     could still grow by ``stateful_growth`` (1.0: double) and fit. So a node
+     holding only stateless workers still empties at once while the others
+     wait, without crowding a node whose stateful workers a rise in load would
+     push over capacity (Alg. 1 then restarts stateful workers until the
+     whole node fits, so every stateless core there can cost one more).
 
    The strategy remembers, per node, how many consecutive plans it was
    emptiable; a controller that skips planning in an epoch calls
@@ -47,6 +56,7 @@ fits.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -62,9 +72,21 @@ from controller.placement.common import (
 from controller.placement.model import ClusterState, Instance
 
 #: Consecutive plans a node holding a stateful worker must have been emptiable
-#: before scale in empties it: at the default 10 s slot, half a minute of low
-#: load, longer than the swings the load predictor follows slot by slot.
-DEFAULT_SCALE_IN_PATIENCE = 3
+#: before scale in empties it. Emptying it restarts the worker and carries its
+#: state, worth it only once the low load has lasted: 30 plans are five minutes
+#: at the controller's default 10 s slot, the wait of the Kubernetes HPA's
+#: default downscale stabilization window (300 s); the cluster autoscaler waits
+#: ten minutes (``scale-down-unneeded-time``). Nodes holding only stateless
+#: workers do not wait: moving those restarts them and carries no state.
+DEFAULT_SCALE_IN_PATIENCE = 30
+
+#: Growth the stateful workers of a node waiting to be emptied must still have
+#: room for when scale in puts stateless workers there (1.0: they could double
+#: and still fit). Past that, a rise in load leaves the stateful workers alone
+#: over capacity, and Alg. 1 then disrupts stateful workers, largest first,
+#: until the whole node fits: every stateless core added there can cost one
+#: more stateful restart.
+DEFAULT_STATEFUL_GROWTH = 1.0
 
 STATEFUL_LABEL = "sf"
 STATELESS_LABEL = "sl"
@@ -93,6 +115,7 @@ class _Layout:
         # once per candidate node per instance, which must not cost O(instances).
         self._load = dict.fromkeys(self.state.node_ids, 0.0)
         self._worker_load: dict[tuple[str, WorkerSlot], float] = defaultdict(float)
+        self._stateful_load = dict.fromkeys(self.state.node_ids, 0.0)
         self._capacity = {
             n: self.state.capacity(n, self.headroom_cores) for n in self.state.node_ids
         }
@@ -105,6 +128,9 @@ class _Layout:
 
     def free(self, node: str) -> float:
         return self._capacity[node] - self._load[node]
+
+    def stateful_load(self, node: str) -> float:
+        return self._stateful_load[node]
 
     def worker_demand(self, node: str, slot: WorkerSlot) -> float:
         return self._worker_load.get((node, slot), 0.0)
@@ -123,12 +149,19 @@ class _Layout:
             d = self.demand[inst.id]
             self._load[node] += d
             self._worker_load[(node, slot)] += d
+            if inst.stateful:
+                self._stateful_load[node] += d
 
     def take_worker(self, node: str, slot: WorkerSlot) -> set[str]:
         insts = self.members[node].pop(slot, set())
-        self._load[node] -= self._worker_load.pop((node, slot), 0.0)
+        demand = self._worker_load.pop((node, slot), 0.0)
+        self._load[node] -= demand
+        if slot[1]:
+            self._stateful_load[node] -= demand
         if not any(self.members[node].values()):
             self._load[node] = 0.0  # no float residue on an emptied node
+        if not any(members for (_, sf), members in self.members[node].items() if sf):
+            self._stateful_load[node] = 0.0
         self.usable.add((node, slot))
         return insts
 
@@ -147,7 +180,10 @@ class LiuStrategy(PlacementStrategy):
     name = "liu"
 
     def __init__(
-        self, scale_in: bool = True, scale_in_patience: int = DEFAULT_SCALE_IN_PATIENCE
+        self,
+        scale_in: bool = True,
+        scale_in_patience: int = DEFAULT_SCALE_IN_PATIENCE,
+        stateful_growth: float = DEFAULT_STATEFUL_GROWTH,
     ) -> None:
         if not isinstance(scale_in, bool):
             raise ValueError(f"scale_in must be a bool, got {scale_in!r}")
@@ -161,8 +197,20 @@ class LiuStrategy(PlacementStrategy):
                 f"must stay emptiable before it is emptied) must be an int >= 1, "
                 f"got {scale_in_patience!r}"
             )
+        if (
+            isinstance(stateful_growth, bool)
+            or not isinstance(stateful_growth, int | float)
+            or not math.isfinite(stateful_growth)
+            or stateful_growth < 0
+        ):
+            raise ValueError(
+                "stateful_growth (growth the stateful workers of a node waiting to be "
+                "emptied must have room for before stateless workers are moved there) "
+                f"must be a finite number >= 0, got {stateful_growth!r}"
+            )
         self.scale_in = scale_in
         self.scale_in_patience = scale_in_patience
+        self.stateful_growth = float(stateful_growth)
         # Node -> consecutive plans in which it could have been emptied.
         self._low_streak: dict[str, int] = {}
 
@@ -412,6 +460,12 @@ class LiuStrategy(PlacementStrategy):
             free[target] -= need
         return targets
 
+    def _stateful_room(self, layout: _Layout, node: str) -> bool:
+        """Whether the stateful workers of ``node`` could grow by ``stateful_growth`` and fit."""
+        return fits(
+            layout.capacity(node), layout.stateful_load(node) * (1.0 + self.stateful_growth)
+        )
+
     def _count_low(self, layout: _Layout) -> set[str]:
         """Nodes that could be emptied now; counts their consecutive low plans."""
         used = [n for n in layout.state.node_ids if layout.used(n)]
@@ -453,8 +507,19 @@ class LiuStrategy(PlacementStrategy):
                 if self._holds_stateful(layout, n)
                 and self._low_streak.get(n, 0) >= self.scale_in_patience
             ]
-            for victim in candidates:
-                others = [n for n in used if n != victim and n not in waiting]
+            # A node waiting to be emptied is a target of last resort, and only for
+            # a node holding no stateful worker, so that such a node still empties
+            # at once while the others wait: a stateless worker moved there would
+            # at worst restart again when the wait ends, cheaper than keeping a
+            # node through the whole wait; a stateful one would carry its state
+            # twice. The waiting node must keep its stateful workers room to grow.
+            roomy_waiting = {n for n in waiting if self._stateful_room(layout, n)}
+            tries = [(v, False) for v in candidates]
+            if roomy_waiting:
+                tries += [(v, True) for v in candidates if not self._holds_stateful(layout, v)]
+            for victim, onto_waiting in tries:
+                barred = waiting - roomy_waiting if onto_waiting else waiting
+                others = [n for n in used if n != victim and n not in barred]
                 targets = self._targets(layout, victim, others)
                 if targets is not None:
                     break
@@ -466,4 +531,10 @@ class LiuStrategy(PlacementStrategy):
                 layout.usable.add((target, slot))
             self._low_streak.pop(victim, None)
             merged = ", ".join(f"{a}:{_label(sf)}->{t}" for (a, sf), t in sorted(targets.items()))
-            reasons.append(f"scale in: emptied node {victim} by moving workers {merged}")
+            onto = sorted({t for t in targets.values() if t in waiting}, key=index.__getitem__)
+            note = (
+                f" (onto {', '.join(onto)}, waiting to be emptied: no other had room)"
+                if onto
+                else ""
+            )
+            reasons.append(f"scale in: emptied node {victim} by moving workers {merged}{note}")

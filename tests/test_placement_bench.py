@@ -1,0 +1,100 @@
+"""``dsched bench placement``'s liu options: overrides, variants and bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from bench import placement as bench
+
+
+def _args(tmp_path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    # The smallest run that still goes through every strategy and scenario.
+    return parser.parse_args(
+        [
+            "--json",
+            str(tmp_path / "placement.json"),
+            "--png",
+            str(tmp_path / "placement.png"),
+            "--epochs",
+            "3",
+            "--mips-samples",
+            "4",
+            "--budgets",
+            "4",
+            "--budget-seeds",
+            "1",
+            *extra,
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("scale_in_patience=3", ("scale_in_patience", 3)),
+        ("stateful_growth=0.5", ("stateful_growth", 0.5)),
+        (" scale_in = false ", ("scale_in", False)),
+        ("name=abc", ("name", "abc")),
+    ],
+)
+def test_option_values_read_as_numbers_and_bools(text, expected):
+    assert bench.parse_option(text, "--liu-option") == expected
+
+
+@pytest.mark.parametrize("text", ["scale_in_patience", "=3", "scale_in_patience="])
+def test_malformed_option_names_the_flag(text):
+    with pytest.raises(ValueError, match="--liu-option must look like KEY=VALUE"):
+        bench.parse_option(text, "--liu-option")
+
+
+def test_option_set_twice_is_refused():
+    with pytest.raises(ValueError, match="sets scale_in_patience twice"):
+        bench.parse_options(["scale_in_patience=3", "scale_in_patience=4"], "--liu-option")
+
+
+def test_bad_liu_option_fails_before_any_run(tmp_path):
+    with pytest.raises(ValueError, match="scale_in_patience"):
+        bench.run(_args(tmp_path, "--liu-option", "scale_in_patience=0"))
+    with pytest.raises(ValueError, match="no_such_option"):
+        bench.run(_args(tmp_path, "--liu-variant", "no_such_option=1"))
+    assert not (tmp_path / "placement.json").exists()
+
+
+def test_liu_option_and_variants_are_run_and_recorded(tmp_path, capsys):
+    args = _args(
+        tmp_path,
+        "--liu-option",
+        "scale_in_patience=3",
+        "--liu-variant",
+        "scale_in_patience=30",
+        "--liu-variant",
+        "scale_in_patience=30,stateful_growth=0",
+    )
+    assert bench.run(args) == 0
+    doc = json.loads((tmp_path / "placement.json").read_text())
+    assert doc["strategy_options"]["liu"] == {
+        "scale_in": True,
+        "scale_in_patience": 3,
+        "stateful_growth": 1.0,
+    }
+    variants = doc["liu_variants"]
+    assert [v["overrides"] for v in variants] == [
+        {"scale_in_patience": 30},
+        {"scale_in_patience": 30, "stateful_growth": 0},
+    ]
+    assert variants[1]["options"]["stateful_growth"] == 0.0
+    # A variant's sums are the sums of its scenarios, and match a direct run.
+    for variant in variants:
+        per = variant["per_scenario"]
+        assert set(per) == set(bench.SCENARIOS)
+        assert variant["figures"]["nodes_used"] == sum(f["nodes_used"] for f in per.values())
+    states = bench.scenario_states("shrinking", args.seed, args.epochs)
+    direct = bench.run_strategy("liu", states, args.headroom, scale_in_patience=30)
+    assert variants[0]["per_scenario"]["shrinking"]["nodes_used"] == direct["nodes_used"]
+    assert isinstance(doc["liu_fewest_nodes_used_among_feasible"], bool)
+    assert "liu with scale_in_patience=30:" in capsys.readouterr().out

@@ -160,4 +160,51 @@ def test_bench_scale_reports_controller_cost(tmp_path):
     assert doc["controller_epoch_seconds_median"] > 0
     assert doc["controller_epoch_cpu_seconds_median"] > 0
     assert doc["controller_peak_rss_bytes"] > 0
+    assert len(doc["controller_epoch_seconds"]) == 3
+    assert doc["controller_failed_epochs"] == []
     assert list(doc["policies"]) == ["dsched"]
+
+
+def test_operators_idle_for_longer_than_the_window_do_not_fail_an_epoch():
+    """At scale some operator always processed nothing in the last phi epochs; that
+    once made predict.cost.cpu_per_tuple raise and failed the whole epoch
+    (controller.pipeline.operator_cost now keeps or charges a cost instead)."""
+    from testbed.sim.scenario import SEED004_CLASSES, AppSpec, ArrivalSpec, OperatorSpec, Scenario
+
+    ops = tuple(OperatorSpec(f"op{k}", 0.004, 0.7) for k in range(3))
+    busy = AppSpec("busy", "gold", ops, ArrivalSpec("poisson", rate=20.0))
+    # Messages in epochs 0 and 1, then none for four epochs (phi is 3), then again.
+    pause = AppSpec(
+        "pause", "silver", ops, ArrivalSpec("trace", rate=0.0, trace=(20, 20, 0, 0, 0, 0, 20, 20))
+    )
+    never = AppSpec("never", "bronze", ops, ArrivalSpec("poisson", rate=0.0))
+    sc = Scenario(
+        "idle", 1, 2.0, (busy, pause, never), epochs=8, step_seconds=0.02, qos=SEED004_CLASSES
+    )
+    policy = DschedPolicy()
+    try:
+        res = run_policy(sc, policy)
+        assert policy.failed_epochs == []
+        assert len(policy.epoch_seconds) == sc.epochs
+        ctl = policy.controller
+        assert {"busy", "pause"} <= set(ctl.state.topologies)
+    finally:
+        policy.close()
+    assert (
+        res.conservation["in_system"] + res.conservation["finished_at_sinks"]
+        == (res.conservation["source_arrivals"])
+    )
+
+
+def test_the_simulated_controller_gets_the_daemons_gc_tuning(small_run):
+    import gc
+
+    from controller.core import tune_gc
+
+    _, _, policy = small_run
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert policy.gc_threshold == gc.get_threshold()
+    finally:
+        gc.set_threshold(*before)

@@ -195,3 +195,109 @@ def test_a_slow_instance_with_merged_backlog_still_finishes_messages_every_epoch
         done.append(int(sim.executed[0]) - before)
     assert sim.size[0] == 32 and sim.queued[0] > 200  # the ring is full, cohorts merged
     assert min(done[1:]) >= 2 and max(done) <= 15  # about 5 per 2-s epoch
+
+
+# ------------------------------------------------------------------ live-calibration knobs
+def _one_chain(works: tuple[float, ...], **kw) -> ClusterSim:
+    ops = tuple(OperatorSpec(f"op{k}", w, 1.0) for k, w in enumerate(works))
+    app = AppSpec("cal", "gold", ops, ArrivalSpec("poisson", rate=1.0))
+    sc = Scenario("one", 1, 2.0, (app,), epochs=1, epoch_seconds=20.0, step_seconds=0.001, **kw)
+    sim = ClusterSim(sc, max_parallelism=1)
+    for op in range(sim.n_ops):
+        sim.set_parallelism(op, 1, [0])
+    return sim
+
+
+def test_given_arrivals_and_work_sequence_are_served_exactly():
+    sim = _one_chain((0.01,))
+    sim.set_arrivals(np.array([0.0105, 0.5]), np.array([0, 0]))
+    sim.set_work_sequence(0, np.array([0.003, 0.007]))
+    sim.run_steps(1000)
+    rec = sim.take_sinks()
+    assert rec.count.tolist() == [1, 1]
+    assert rec.latency_s == pytest.approx([0.003, 0.007], abs=1e-9)
+    assert sim.cpu_seconds[0] == pytest.approx(0.010, abs=1e-12)
+    sim.run_steps(10)
+    with pytest.raises(ValueError, match="before the first step"):
+        sim.set_arrivals(np.array([1.0]), np.array([0]))
+
+
+def test_an_exhausted_work_sequence_is_an_error_not_a_silent_draw():
+    sim = _one_chain((0.01,))
+    sim.set_arrivals(np.array([0.01, 0.02]), np.array([0, 0]))
+    sim.set_work_sequence(0, np.array([0.001]))
+    with pytest.raises(RuntimeError, match="work sequence of 1 messages exhausted"):
+        sim.run_steps(30)
+
+
+def test_handoff_delays_every_hop_source_included():
+    sim = _one_chain((0.01, 0.01), handoff_s=0.002)
+    sim.set_arrivals(np.array([0.0104]), np.array([0]))
+    sim.set_work_sequence(0, np.array([0.003]))
+    sim.set_work_sequence(1, np.array([0.005]))
+    sim.run_steps(100)
+    rec = sim.take_sinks()
+    assert rec.latency_s == pytest.approx([0.003 + 0.005 + 2 * 0.002], abs=1e-9)
+
+
+def _saturated(cap: float, **kw) -> ClusterSim:
+    """One instance with far more work than its cap lets it do."""
+    sim = _one_chain((1.0,), **kw)
+    sim.set_arrivals(np.array([0.0]), np.array([0]))
+    sim.set_work_sequence(0, np.array([100.0]))
+    sim.set_caps(np.array([0]), np.array([cap]))
+    return sim
+
+
+def _cpu_at(sim: ClusterSim, t: float) -> float:
+    sim.run_steps(round((t - sim.t) / sim.dt))
+    return float(sim.cpu_seconds[0])
+
+
+def test_period_phase_moves_the_quota_refill():
+    aligned, shifted = _saturated(0.2), _saturated(0.2)
+    shifted.set_period_phase(np.array([0]), np.array([0.05]))
+    # Both spend 20 ms of quota first; the shifted group gets its next 20 ms at 50 ms.
+    assert _cpu_at(aligned, 0.07) == pytest.approx(0.02, abs=1e-9)
+    assert _cpu_at(shifted, 0.07) == pytest.approx(0.04, abs=1e-9)
+    assert _cpu_at(aligned, 0.12) == pytest.approx(0.04, abs=1e-9)
+
+
+def test_tick_enforcement_overruns_to_the_next_tick_and_repays_it():
+    exact = _saturated(0.5)
+    ticked = _saturated(0.5, cfs_tick_s=0.004)
+    ticked.set_tick_phase(0.001)
+    # The quota runs out at 50 ms; the next tick is at 53 ms.
+    assert _cpu_at(exact, 0.1) == pytest.approx(0.050, abs=1e-9)
+    assert _cpu_at(ticked, 0.1) == pytest.approx(0.053, abs=1e-9)
+    assert ticked.throttle_at[0] == pytest.approx(0.053)
+    # The 3 ms overrun comes out of the next period: 47 ms of quota, run to the tick at 149 ms.
+    assert _cpu_at(ticked, 0.2) == pytest.approx(0.053 + 0.049, abs=1e-9)
+    # In the long run the cap holds.
+    assert _cpu_at(ticked, 10.0) / 10.0 == pytest.approx(0.5, rel=0.01)
+
+
+def test_a_thread_that_slept_after_its_quota_ran_out_waits_for_the_next_period():
+    sim = _one_chain((0.01,), cfs_tick_s=0.004)
+    sim.set_arrivals(np.array([0.0, 0.006]), np.array([0, 0]))
+    sim.set_work_sequence(0, np.array([0.0055, 0.001]))
+    sim.set_caps(np.array([0]), np.array([0.05]))
+    sim.run_steps(200)
+    rec = sim.take_sinks()
+    # The first message overruns the 5 ms quota up to its own end (before the tick at
+    # 8 ms); the second wakes the thread at 6 ms, is throttled at once and runs at 100 ms.
+    assert rec.latency_s == pytest.approx([0.0055, 0.101 - 0.006], abs=1e-9)
+
+
+def test_work_sequence_and_phase_arguments_are_checked():
+    sim = _one_chain((0.01,))
+    with pytest.raises(ValueError, match="work_s"):
+        sim.set_work_sequence(0, np.array([0.1, -0.1]))
+    with pytest.raises(ValueError, match="op must be"):
+        sim.set_work_sequence(5, np.array([0.1]))
+    with pytest.raises(ValueError, match="sorted"):
+        sim.set_arrivals(np.array([0.2, 0.1]), np.array([0, 0]))
+    with pytest.raises(ValueError, match="arrival app"):
+        sim.set_arrivals(np.array([0.1]), np.array([3]))
+    with pytest.raises(ValueError, match="phase_s"):
+        sim.set_period_phase(np.array([0]), np.array([np.nan]))

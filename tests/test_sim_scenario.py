@@ -49,6 +49,8 @@ APP = AppSpec("a", "gold", (OP,), ArrivalSpec("poisson", rate=1.0))
             "interference_threshold",
         ),
         (lambda: Scenario("s", 2, 4.0, (APP, APP), epochs=1), "unique"),
+        (lambda: Scenario("s", 2, 4.0, (APP,), epochs=1, handoff_s=-0.001), "handoff_s"),
+        (lambda: Scenario("s", 2, 4.0, (APP,), epochs=1, cfs_tick_s=-0.004), "cfs_tick_s"),
         (lambda: seed004(apps=0), "apps"),
         (lambda: seed004(apps=10, nodes=0), "nodes"),
         (lambda: seed004(apps=10, cores=-16), "cores"),

@@ -8,5 +8,8 @@
 * :mod:`testbed.sim.des` -- an exact discrete-event FCFS queue for validation;
 * :mod:`testbed.sim.agents` -- simulated agents: NodeReports out, CapDirectives in;
 * :mod:`testbed.sim.policies` -- dsched (through the controller) and the baselines;
-* :mod:`testbed.sim.run` -- one policy over one scenario, summarised per QoS class.
+* :mod:`testbed.sim.run` -- one policy over one scenario, summarised per QoS class;
+* :mod:`testbed.sim.calibrate` -- one chain live (real threads under real CFS
+  quotas, :mod:`testbed.sim.calworker`) and simulated with the same inputs, and
+  the measurements of the live effects the simulation models.
 """

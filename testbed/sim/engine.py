@@ -122,8 +122,20 @@ class ClusterSim:
         self.paused_until = np.zeros(n)
         # CFS bandwidth control period (the kernel's default cpu.cfs_period_us).
         self.cfs_period_s = 0.1
+        # Where each instance's period starts, modulo the period. The kernel runs
+        # one period timer per cgroup, and its phase differs from group to group
+        # (testbed.sim.calibrate.measure_period_phase); 0 aligns them all.
+        self.cfs_phase_s = np.zeros(n)
+        # Ticks fall on one grid for every CPU (jiffies); this is where it starts.
+        self.cfs_tick_phase_s = 0.0
         self.quota_left = np.full(n, np.inf)
-        self._period_index = -1
+        # With tick enforcement: when an instance whose quota ran out is throttled.
+        self.throttle_at = np.full(n, -np.inf)
+        # When an instance's queue last ran empty (inf while it has work): a thread
+        # that slept is throttled on waking if its quota is spent.
+        self.idle_at = np.full(n, -np.inf)
+        # NaN: the first step starts a period for everyone, whatever the phase.
+        self._period_index = np.full(n, np.nan)
         self.op_k = np.zeros(self.n_ops, dtype=np.int64)
         self.op_rot = np.zeros(self.n_ops, dtype=np.int64)
         self.cores = np.full(scenario.nodes, float(scenario.cores_per_node))
@@ -157,6 +169,8 @@ class ClusterSim:
         self.last_alloc = np.zeros(n)
         self.arrival_t, self.arrival_app = all_arrivals(scenario)
         self._next_arrival = 0
+        # Operators whose per-message work is given, not drawn: op -> (cumulative work, next).
+        self._work_seq: dict[int, list] = {}
         self._sinks: list[tuple[np.ndarray, ...]] = []
         self.reconfigurations = 0
 
@@ -209,6 +223,55 @@ class ClusterSim:
             raise ValueError("caps must be >= 0")
         self.cap[inst] = np.where(caps == 0, UNCAPPED, caps)
 
+    def set_arrivals(self, times: np.ndarray, app: np.ndarray) -> None:
+        """Replace the scenario's source arrivals (seconds, sorted; app index each),
+        e.g. with the ones a live run used. Only before the first step."""
+        times = np.asarray(times, dtype=float)
+        app = np.asarray(app, dtype=np.int64)
+        if self.t > 0:
+            raise ValueError("arrivals can only be set before the first step")
+        if times.shape != app.shape or times.ndim != 1:
+            raise ValueError("arrival times and apps must be 1-D arrays of one length")
+        if np.any(np.diff(times) < 0) or np.any(times < 0):
+            raise ValueError("arrival times must be sorted and >= 0")
+        if np.any((app < 0) | (app >= len(self.sc.apps))):
+            raise ValueError(f"arrival app must be in [0, {len(self.sc.apps)})")
+        self.arrival_t, self.arrival_app = times, app
+        self._next_arrival = 0
+
+    def set_work_sequence(self, op: int, work_s: np.ndarray) -> None:
+        """Give ``op``'s messages this CPU work (seconds at one core), in the order they
+        reach the operator, instead of gamma draws: a live run's exact work."""
+        work_s = np.asarray(work_s, dtype=float)
+        if not 0 <= op < self.n_ops:
+            raise ValueError(f"op must be in [0, {self.n_ops}), got {op}")
+        if work_s.ndim != 1 or np.any(work_s < 0) or not np.all(np.isfinite(work_s)):
+            raise ValueError("work_s must be a 1-D array of finite values >= 0")
+        self._work_seq[op] = [np.concatenate([[0.0], np.cumsum(work_s)]), 0]
+
+    def set_period_phase(self, inst: np.ndarray, phase_s: np.ndarray) -> None:
+        """Start the CFS periods of ``inst`` at ``phase_s`` (seconds, modulo the period)."""
+        phase_s = np.asarray(phase_s, dtype=float)
+        if np.any(~np.isfinite(phase_s)):
+            raise ValueError("phase_s must be finite")
+        self.cfs_phase_s[inst] = np.mod(phase_s, self.cfs_period_s)
+
+    def set_tick_phase(self, phase_s: float) -> None:
+        """Put the scheduler ticks at ``phase_s`` + k * ``scenario.cfs_tick_s``."""
+        if not np.isfinite(phase_s):
+            raise ValueError("phase_s must be finite")
+        tick = self.sc.cfs_tick_s
+        self.cfs_tick_phase_s = float(np.mod(phase_s, tick)) if tick > 0 else 0.0
+
+    def _on_tick(self, t: np.ndarray) -> np.ndarray:
+        """The first tick at or after ``t`` (``t`` itself when enforcement is exact)."""
+        tick = self.sc.cfs_tick_s
+        if tick <= 0:
+            return t
+        ph = self.cfs_tick_phase_s
+        with np.errstate(invalid="ignore"):
+            return np.where(np.isfinite(t), np.ceil((t - ph) / tick - 1e-9) * tick + ph, t)
+
     @property
     def alive(self) -> np.ndarray:
         """Instances that run: active ones and scaled-in ones still draining their queue."""
@@ -232,7 +295,7 @@ class ClusterSim:
             s = np.bincount(a_idx, a_t, minlength=n_apps)
             self.source_arrivals += c
             in_count[self.app_first_op] += c
-            in_tsum[self.app_first_op] += s
+            in_tsum[self.app_first_op] += s + c * sc.handoff_s
             in_birth[self.app_first_op] += s
         # CPU: who wants it, who gets it.
         alive = self.alive
@@ -245,16 +308,28 @@ class ClusterSim:
         # CFS bandwidth control: a capped thread runs at full speed until its
         # quota (cap x period) is spent, then waits for the next period.
         period = self.cfs_period_s
-        if dt >= period or int(t0 / period + 1e-9) != self._period_index:
-            self._period_index = int(t0 / period + 1e-9)
-            self.quota_left = np.where(np.isfinite(self.cap), self.cap * max(period, dt), np.inf)
-        limit = np.where(running & (self.quota_left > 1e-12), 1.0, 0.0)
+        index = np.floor((t0 - self.cfs_phase_s) / period + 1e-9)
+        refill = (index != self._period_index) | (dt >= period)
+        if refill.any():
+            self._period_index = index
+            quota = np.where(np.isfinite(self.cap), self.cap * max(period, dt), np.inf)
+            if sc.cfs_tick_s > 0:
+                # What a thread overran its last quota by comes out of this one.
+                quota = quota + np.minimum(self.quota_left, 0.0)
+            self.quota_left = np.where(refill, quota, self.quota_left)
+            self.throttle_at = np.where(refill, -np.inf, self.throttle_at)
+        # CPU the quota still allows: what is left, or, for a thread whose quota ran
+        # out between ticks, the time until the tick that throttles it.
+        allowance = np.where(
+            self.quota_left > 1e-12,
+            self.quota_left,
+            np.maximum(self.throttle_at - t0, 0.0),
+        )
+        limit = np.where(running & (allowance > 1e-12), 1.0, 0.0)
         # What a thread can use this step: its backlog plus what usually arrives,
         # and no more than its quota. Under contention CFS gives each runnable
         # thread up to the fair level; an idle thread takes nothing.
-        need = np.minimum(
-            np.minimum(limit, self.quota_left / dt), self.queued_work / dt + self.work_rate
-        )
+        need = np.minimum(np.minimum(limit, allowance / dt), self.queued_work / dt + self.work_rate)
         level = fair_level(need, self.node, self.cores)
         alloc = np.minimum(limit, level[self.node])
         slow = self.node_slowdown[self.node]
@@ -275,7 +350,8 @@ class ClusterSim:
         self.busy_seconds += busy_time
         # Throttled: work waiting while the quota is spent.
         spent = np.isfinite(self.cap) & (cpu_left <= 1e-12) & (self.size > 0)
-        self.throttled_seconds += np.where(spent, dt - busy_time, 0.0)
+        # Busy time can exceed the step by a rounding error; a counter must not go down.
+        self.throttled_seconds += np.where(spent, np.maximum(dt - busy_time, 0.0), 0.0)
         mbw = used * self.op_mbw[self.inst_op]
         self.mbw_seconds += mbw
         util = np.bincount(self.node, mbw, minlength=sc.nodes) / (dt * self.cores)
@@ -342,6 +418,17 @@ class ClusterSim:
             cum = self.pool_cum[g]
             work[sel] = (cum[ends] - cum[starts]) * self.op_work[op[sel]]
             self.pool_pos[g] = int(ends[-1]) if len(ends) else self.pool_pos[g]
+        if self._work_seq:
+            for i in np.flatnonzero(np.isin(op, list(self._work_seq))):
+                cum, pos = self._work_seq[int(op[i])]
+                end = pos + int(n[i])
+                if end >= len(cum):
+                    raise RuntimeError(
+                        f"operator {self.op_name[int(op[i])]}: work sequence of "
+                        f"{len(cum) - 1} messages exhausted"
+                    )
+                work[i] = cum[end] - cum[pos]
+                self._work_seq[int(op[i])][1] = end
         return work
 
     def _serve(self, slots, rate, alloc, cpu_left, t0: float, t1: float, busy_time: np.ndarray):
@@ -352,7 +439,7 @@ class ClusterSim:
                 (self.size[slots] > 0)
                 & (rate[slots] > 0)
                 & (local < t1 - 1e-12)
-                & (cpu_left[slots] > 1e-12)
+                & ((cpu_left[slots] > 1e-12) | (local < self.throttle_at[slots] - 1e-12))
             )
             if not ok.any():
                 break
@@ -363,8 +450,25 @@ class ClusterSim:
             r = rate[inst]
             need = self.q_work[h] / r
             finish = begin + need
-            # The quota may run out before the step ends.
-            stop = np.minimum(t1, begin + cpu_left[inst] / alloc[inst])
+            # The quota may run out before the step ends; the thread is throttled
+            # then, or on the next tick with tick enforcement. A thread that went
+            # idle after its quota ran out is throttled when it wakes up (the
+            # kernel checks the quota on enqueue), not on the tick.
+            has_quota = cpu_left[inst] > 1e-12
+            with np.errstate(divide="ignore", invalid="ignore"):
+                exhausted = begin + cpu_left[inst] / alloc[inst]
+            woke = (begin > local[where] + 1e-12) | (self.idle_at[inst] < begin - 1e-12)
+            throttle = np.where(
+                has_quota,
+                self._on_tick(exhausted),
+                np.where(woke, np.minimum(begin, self.throttle_at[inst]), self.throttle_at[inst]),
+            )
+            self.throttle_at[inst] = np.where(
+                (has_quota & (finish > exhausted)) | (~has_quota & woke),
+                throttle,
+                self.throttle_at[inst],
+            )
+            stop = np.minimum(t1, np.maximum(throttle, begin))
             done = finish <= stop
             start = self.q_start[h]
             start = np.where(np.isnan(start), begin, start)
@@ -386,6 +490,7 @@ class ClusterSim:
                 self.queued_work[ip] -= served
                 busy_time[ip] += ran
                 local[where[part]] = t1
+                self.idle_at[ip] = np.inf
                 self.q_start[hp] = np.where(m > 0, t1, start[part])
                 if m.any():
                     k = m > 0
@@ -406,6 +511,7 @@ class ClusterSim:
                 self.queued_work[i_d] = np.maximum(0.0, self.queued_work[i_d] - self.q_work[h_d])
                 self.head[i_d] = (self.head[i_d] + 1) % RING
                 self.size[i_d] -= 1
+                self.idle_at[i_d] = np.where(self.size[i_d] == 0, finish[done], np.inf)
                 self._finish(i_d, n, birth, mean_done, t1, nxt)
         return nxt
 
@@ -427,7 +533,9 @@ class ClusterSim:
             dest = nxt_op[to_next]
             on = out_n[to_next]
             nxt[0][:] += np.bincount(dest, on, minlength=self.n_ops).astype(np.int64)
-            nxt[1][:] += np.bincount(dest, on * mean_done[to_next], minlength=self.n_ops)
+            nxt[1][:] += np.bincount(
+                dest, on * (mean_done[to_next] + self.sc.handoff_s), minlength=self.n_ops
+            )
             nxt[2][:] += np.bincount(dest, on * birth[to_next] / n[to_next], minlength=self.n_ops)
         sink = ~to_next
         if sink.any():

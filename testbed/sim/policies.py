@@ -23,6 +23,7 @@ baselines are the policies users would otherwise pick:
 
 from __future__ import annotations
 
+import gc
 import resource
 import tempfile
 import time
@@ -316,13 +317,18 @@ class DschedPolicy:
     config_used: dict[str, object] = field(default_factory=dict)
     failed_epochs: list[str] = field(default_factory=list)
     epoch_cpu_seconds: list[float] = field(default_factory=list)
+    gc_threshold: tuple[int, ...] = ()
     _tmp: tempfile.TemporaryDirectory | None = None
     controller: object = None
     agents: SimAgents | None = None
 
     def setup(self, sim: ClusterSim) -> None:
-        from controller.core import Controller
+        from controller.core import Controller, tune_gc
 
+        # The controller runs in this process, configured as dsched-controller
+        # configures its own at startup.
+        tune_gc()
+        self.gc_threshold = gc.get_threshold()
         round_robin_layout(sim, np.ones(sim.n_ops, dtype=int))
         self._tmp = tempfile.TemporaryDirectory(prefix="dsched-sim-")
         cfg = simulation_controller_config(sim, Path(self._tmp.name), self.allocator)

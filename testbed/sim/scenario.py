@@ -6,7 +6,7 @@ scenarios of ``dsched bench sim``:
 * :func:`seed004` -- the QoS cap experiment of seeds/004 (4 nodes, 16 cores,
   applications of four chained operators, three QoS classes, Poisson or Weibull
   arrivals, a linear burst from epoch 40 to 51 held to the end);
-* :func:`wordcount` -- a small split/count/sink chain, the calibration scenario;
+* :func:`wordcount` -- a small source/split/count/sink chain on one 2-core node;
 * :func:`scale` -- many nodes and instances, for the controller's own cost.
 
 Every bad parameter raises ValueError naming it; nothing is half-built.
@@ -145,6 +145,13 @@ class Scenario:
     migration_pause_s: float = 0.5
     stateful_migration_pause_s: float = 2.0
     seed: int = 0
+    # Delay between a message being handed to an operator (by the source or the
+    # operator before it) and the operator's thread picking it up: a wake-up.
+    handoff_s: float = 0.0
+    # CFS quota enforcement granularity: the kernel notices a spent quota on a
+    # scheduler tick (1 / CONFIG_HZ), so a thread overruns its quota up to the
+    # next tick and repays the overrun in its next period. 0: exact enforcement.
+    cfs_tick_s: float = 0.0
 
     def __post_init__(self) -> None:
         _count(self.nodes, "nodes")
@@ -162,6 +169,8 @@ class Scenario:
         non_negative(self.interference_slope, "interference_slope")
         non_negative(self.migration_pause_s, "migration_pause_s")
         non_negative(self.stateful_migration_pause_s, "stateful_migration_pause_s")
+        non_negative(self.handoff_s, "handoff_s")
+        non_negative(self.cfs_tick_s, "cfs_tick_s")
         names = [a.name for a in self.apps]
         if len(set(names)) != len(names):
             raise ValueError("app names must be unique")

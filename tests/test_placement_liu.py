@@ -156,6 +156,12 @@ def _wordcount(demands: dict[str, float], capacity: float = 2.0, nodes: int = 3)
     return ClusterState(node_list, tuple(instances), workers, dags, {})
 
 
+def _cluster(nodes: tuple[Node, ...], insts: tuple[Instance, ...], dags=None) -> ClusterState:
+    """A cluster whose workers are the ones its instances name (each holds one kind)."""
+    workers = {i.worker: Worker(i.worker, i.app, i.node, i.stateful) for i in insts}
+    return ClusterState(nodes, insts, tuple(workers.values()), dags or {})
+
+
 def test_liu_moves_only_stateless_instances_when_that_suffices():
     state = _wordcount({"spout": 0.4, "split": 1.0, "count": 0.5})  # 1.9 per node: fits
     assert get_strategy("liu", scale_in=False).plan(state).moves == ()
@@ -254,15 +260,7 @@ def test_liu_empties_first_a_node_that_holds_no_stateful_worker():
         Instance("b", "agg", 0, 0.05, True, "b@n1:sf", "n1"),
         Instance("a", "src", 1, 0.2, False, "a@n2:sl", "n2"),
     )
-    workers = (
-        Worker("a@n0:sl", "a", "n0", False),
-        Worker("a@n0:sf", "a", "n0", True),
-        Worker("b@n1:sl", "b", "n1", False),
-        Worker("b@n1:sf", "b", "n1", True),
-        Worker("a@n2:sl", "a", "n2", False),
-    )
-    dags = {"a": (("src", "agg"),), "b": (("src", "agg"),)}
-    state = ClusterState(nodes, insts, workers, dags)
+    state = _cluster(nodes, insts, {"a": (("src", "agg"),), "b": (("src", "agg"),)})
     plan = get_strategy("liu", scale_in_patience=1).plan(state)
     assert plan.reasons[0].startswith("scale in: emptied node n2"), plan.reasons
     assert plan.moves[0].from_node == "n2"
@@ -278,13 +276,7 @@ def test_liu_moves_a_worker_where_it_disrupts_no_other_worker():
         Instance("a", "src", 1, 0.1, False, "a@n1:sl", "n1"),
         Instance("c", "src", 1, 1.0, False, "c@n2:sl", "n2"),
     )
-    workers = (
-        Worker("a@n0:sl", "a", "n0", False),
-        Worker("c@n0:sl", "c", "n0", False),
-        Worker("a@n1:sl", "a", "n1", False),
-        Worker("c@n2:sl", "c", "n2", False),
-    )
-    plan = get_strategy("liu").plan(ClusterState(nodes, insts, workers))
+    plan = get_strategy("liu").plan(_cluster(nodes, insts))
     assert [(m.instance, m.to_node) for m in plan.moves] == [("a/src/1", "n2")]
     assert plan.affected_workers == ("a@n1:sl",)
     assert plan.nodes_used == 2
@@ -314,13 +306,7 @@ def _waiting_cluster(stateful_on_n1: float) -> ClusterState:
         Instance("b", "agg", 0, stateful_on_n1, True, "b@n1:sf", "n1"),
         Instance("c", "src", 0, 0.3, False, "c@n2:sl", "n2"),
     )
-    workers = (
-        Worker("a@n0:sl", "a", "n0", False),
-        Worker("b@n1:sl", "b", "n1", False),
-        Worker("b@n1:sf", "b", "n1", True),
-        Worker("c@n2:sl", "c", "n2", False),
-    )
-    return ClusterState(nodes, insts, workers, {"b": (("src", "agg"),)})
+    return _cluster(nodes, insts, {"b": (("src", "agg"),)})
 
 
 def test_liu_empties_a_stateless_node_onto_a_waiting_node_at_once():
@@ -389,20 +375,7 @@ def test_liu_moves_nothing_onto_a_node_waiting_to_be_emptied():
     # n2 (stateless only) could go to n1, but n1 holds a stateful worker that uses
     # more than half of it and is itself waiting to be emptied: n2's worker would
     # move twice. n0 has no room.
-    nodes = tuple(Node(f"n{k}", 2.0) for k in range(3))
-    insts = (
-        Instance("a", "src", 0, 1.9, False, "a@n0:sl", "n0"),
-        Instance("b", "src", 0, 0.1, False, "b@n1:sl", "n1"),
-        Instance("b", "agg", 0, 1.1, True, "b@n1:sf", "n1"),
-        Instance("c", "src", 0, 0.3, False, "c@n2:sl", "n2"),
-    )
-    workers = (
-        Worker("a@n0:sl", "a", "n0", False),
-        Worker("b@n1:sl", "b", "n1", False),
-        Worker("b@n1:sf", "b", "n1", True),
-        Worker("c@n2:sl", "c", "n2", False),
-    )
-    state = ClusterState(nodes, insts, workers, {"b": (("src", "agg"),)})
+    state = _waiting_cluster(1.1)
     liu = get_strategy("liu", scale_in_patience=2)
     first = liu.plan(state)
     assert first.moves == ()

@@ -6,6 +6,7 @@ startup with the key's name, so a typo never turns into a silent default.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,6 +120,12 @@ class ControllerConfig:
     # testbed's move endpoint at `move_url`). Dry-run always logs only.
     move_actuator: str = "log-only"
     move_url: str = ""
+    # How long a node holding a stateful worker must have been emptiable before
+    # placement empties it (moving a stateful worker restarts it and carries its
+    # state). 300 s is the Kubernetes HPA's downscale stabilization window. The
+    # controller turns it into consecutive plans of its slot for strategies that
+    # wait (``liu``'s scale_in_patience).
+    scale_in_wait_seconds: float = 300.0
     qos: QosConfig = field(default_factory=QosConfig)
     # Squared coefficients of variation of inter-arrival and service times used by
     # the Allen–Cunneen latency model (1.0 = Poisson-like).
@@ -185,6 +192,11 @@ class ControllerConfig:
             self.move_actuator != "testbed" or self.move_url.startswith(("http://", "https://")),
             "move_url",
             "the testbed move actuator needs an http(s):// URL",
+        )
+        require(
+            math.isfinite(self.scale_in_wait_seconds) and self.scale_in_wait_seconds >= 0,
+            "scale_in_wait_seconds",
+            "must be a number >= 0",
         )
         require(self.arrival_scv >= 0, "arrival_scv", "must be >= 0")
         require(self.service_scv >= 0, "service_scv", "must be >= 0")

@@ -32,8 +32,8 @@ from controller.hysteresis import HysteresisState
 from controller.metrics import ControllerMetrics
 from controller.migration import LogOnlyMoveActuator, get_move_actuator
 from controller.model import InstanceKey, OperatorKey
-from controller.placement import get_strategy
 from controller.placement_stage import (
+    build_strategy,
     current_from_histories,
     dags_from_topologies,
     placement_summary,
@@ -129,7 +129,11 @@ class Controller:
                 history_config(config.history, config.state_dir, config.slot_seconds),
                 self.metrics.registry,
             )
-        self._placer = None if config.placement == "none" else get_strategy(config.placement)
+        self._placer = (
+            None
+            if config.placement == "none"
+            else build_strategy(config.placement, config.slot_seconds, config.scale_in_wait_seconds)
+        )
         self._placement_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsched-place")
         self._placement_job: Future | None = None
         self._placement_done: dict[str, Any] | None = None

@@ -36,11 +36,13 @@ each epoch.
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from controller.placement import get_strategy
+from controller.placement import STRATEGIES, get_strategy
 from controller.placement.common import PlacementStrategy
 from controller.placement.model import (
     EPSILON_CORES,
@@ -143,6 +145,15 @@ def placement_needed(
             reasons.append(f"node {node} ({used:.2f} cores) can be emptied")
             break
     return reasons
+
+
+def build_strategy(name: str, slot_seconds: float, scale_in_wait_seconds: float):
+    """The strategy ``name`` for a controller whose epoch is ``slot_seconds``: a
+    strategy that waits before a stateful scale in gets its wait in plans."""
+    if "scale_in_patience" in inspect.signature(STRATEGIES[name]).parameters:
+        plans = max(1, math.ceil(scale_in_wait_seconds / slot_seconds - 1e-9))
+        return get_strategy(name, scale_in_patience=plans)
+    return get_strategy(name)
 
 
 def plan_placement(

@@ -43,6 +43,27 @@ def test_an_overloaded_node_gets_a_plan_that_is_only_logged_in_dry_run(tmp_path,
     assert p["actuator"] == "log-only"  # dry-run never moves anything
 
 
+@pytest.mark.parametrize(
+    ("slot_seconds", "wait_seconds", "plans"),
+    [(10.0, 300.0, 30), (2.0, 300.0, 150), (3.0, 10.0, 4), (1.0, 0.0, 1)],
+)
+def test_liu_waits_the_configured_seconds_in_plans_of_the_slot(
+    tmp_path, clock, slot_seconds, wait_seconds, plans
+):
+    c = Controller(
+        config(tmp_path, slot_seconds=slot_seconds, scale_in_wait_seconds=wait_seconds),
+        clock=lambda: clock[0],
+    )
+    assert c._placer.name == "liu" and c._placer.scale_in_patience == plans
+    c.stop()
+
+
+def test_strategies_that_do_not_wait_are_built_without_a_wait(tmp_path, clock):
+    c = Controller(config(tmp_path, placement="rstorm"), clock=lambda: clock[0])
+    assert c._placer.name == "rstorm"
+    c.stop()
+
+
 def test_no_placement_when_configured_off(tmp_path, clock):
     _, rec = _overloaded(tmp_path, clock, placement="none")
     assert rec["placement"]["planned"] is False

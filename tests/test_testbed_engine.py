@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -110,6 +111,23 @@ def test_abort_drops_the_backlog_and_stops_every_process():
     assert unfinished > 0 and topo.stats().lost == unfinished
     assert not any(i.thread.is_alive() for i in topo.all_instances())
     assert all(i.cpu_worker.process.poll() is not None for i in topo.all_instances())
+
+
+def test_stop_that_gives_up_on_a_backlog_ends_every_thread_without_an_error(monkeypatch):
+    # split: 40 ms a tuple on one instance, fed 500 roots/s for half a second:
+    # about ten seconds of backlog, more than stop() waits for.
+    errors: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    spec = wordcount(parallelism=1, source_ms=0.05, split_ms=40.0, count_ms=0.05)
+    topo = LiveTopology(spec, lambda t: 500.0, cpu="process")
+    topo.start()
+    time.sleep(0.5)
+    stats = topo.stop(drain_timeout=0.1)
+    assert not stats.drained and stats.lost > 0
+    assert topo.closing.is_set()
+    assert not any(i.thread.is_alive() for i in topo.all_instances())
+    assert all(i.cpu_worker.process.poll() is not None for i in topo.all_instances())
+    assert errors == []
 
 
 def test_group_keys_route_on_a_field_of_the_value_and_bad_options_are_refused():

@@ -358,7 +358,9 @@ class Instance:
             try:
                 burn_chunks_here(chunks_for(cost, self.rng))
             except (OSError, RuntimeError):
-                if eng.aborted.is_set():
+                # Its CPU worker was closed under it: an abort, or a stop that
+                # gave up waiting for this instance's backlog.
+                if eng.aborted.is_set() or eng.closing.is_set():
                     return
                 raise
             out = self.spec.fn(t, self.state)
@@ -413,6 +415,9 @@ class LiveTopology:
         if unknown:
             raise ValueError(f"group_keys names unknown operators {sorted(unknown)}")
         self.aborted = threading.Event()
+        # Set once shutdown closes the CPU workers, whether or not every
+        # instance thread has finished its queue.
+        self.closing = threading.Event()
         self.spec = spec
         self.rate = rate
         self.node = node
@@ -571,6 +576,15 @@ class LiveTopology:
         for inst in self.all_instances():
             if inst.thread.is_alive():
                 inst.thread.join(timeout=5)
+        stuck = [i for i in self.all_instances() if i.thread.is_alive()]
+        if stuck:
+            log.warning(
+                "%d instance threads still busy after 5 s; dropping their queues: %s",
+                len(stuck),
+                ", ".join(f"{i.spec.name}/{i.index}" for i in stuck),
+            )
+        self.closing.set()
+        for inst in self.all_instances():
             if inst.cpu_worker is not None:
                 inst.cpu_worker.close()
         if self._reporter is not None:

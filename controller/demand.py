@@ -54,11 +54,8 @@ def latency_budgets(
     targets_seconds: Mapping[str, float],
 ) -> dict[OperatorKey, float]:
     """Each operator's share (seconds) of its application's latency target."""
-    by_app: dict[str, list[OperatorKey]] = {}
-    for key in views:
-        by_app.setdefault(key.app, []).append(key)
     out: dict[OperatorKey, float] = {}
-    for app, keys in by_app.items():
+    for app, keys in _keys_by_app(views).items():
         target = targets_seconds.get(app)
         if target is None:
             continue
@@ -125,13 +122,17 @@ class WithLatencyTarget:
         }
 
 
-def _operators_by_app(views: Mapping[OperatorKey, OperatorView]) -> dict[str, list[OperatorKey]]:
-    """Each application's operators in topological order."""
+def _keys_by_app(views: Mapping[OperatorKey, OperatorView]) -> dict[str, list[OperatorKey]]:
     by_app: dict[str, list[OperatorKey]] = {}
     for key in views:
         by_app.setdefault(key.app, []).append(key)
+    return by_app
+
+
+def _operators_by_app(views: Mapping[OperatorKey, OperatorView]) -> dict[str, list[OperatorKey]]:
+    """Each application's operators in topological order."""
     out = {}
-    for app, keys in by_app.items():
+    for app, keys in _keys_by_app(views).items():
         names = topological_order({k.operator: views[k].upstream for k in keys})
         out[app] = [OperatorKey(app, n) for n in names]
     return out

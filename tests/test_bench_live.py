@@ -43,31 +43,28 @@ def _bench(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([DSCHED, "bench", "live", *args], capture_output=True, text=True, **kw)
 
 
-def test_unknown_scenario_is_refused_before_anything_starts(tmp_path):
+def _refused_before_anything_starts(tmp_path, *args: str) -> str:
+    """Run the command with ``args``; it must exit 2 having created no result, no
+    workdir and no cgroup. Returns what it printed."""
     out, workdir = tmp_path / "r.json", tmp_path / "work"
     p = subprocess.Popen(
-        [
-            DSCHED,
-            "bench",
-            "live",
-            "--scenario",
-            "wordcount-sideways",
-            "--duration",
-            "4",
-            "--json",
-            str(out),
-            "--workdir",
-            str(workdir),
-        ],
+        [DSCHED, "bench", "live", *args, "--json", str(out), "--workdir", str(workdir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     text, _ = p.communicate(timeout=60)
     assert p.returncode == 2
-    assert "--scenario" in text and "wordcount-sideways" in text
     assert not out.exists() and not workdir.exists()
     assert not (CPU / f"dsched-live-{p.pid}").exists()
+    return text
+
+
+def test_unknown_scenario_is_refused_before_anything_starts(tmp_path):
+    text = _refused_before_anything_starts(
+        tmp_path, "--scenario", "wordcount-sideways", "--duration", "4"
+    )
+    assert "--scenario" in text and "wordcount-sideways" in text
 
 
 @pytest.mark.parametrize(
@@ -83,31 +80,8 @@ def test_trace_file_that_does_not_parse_is_refused(tmp_path, content):
 def test_trace_file_error_from_the_command_starts_nothing(tmp_path):
     trace = tmp_path / "trace.json"
     trace.write_text("[0.2, 0.4, oops]")
-    out = tmp_path / "r.json"
-    workdir = tmp_path / "work"
-    p = subprocess.Popen(
-        [
-            DSCHED,
-            "bench",
-            "live",
-            "--scenario",
-            "http",
-            "--trace",
-            str(trace),
-            "--json",
-            str(out),
-            "--workdir",
-            str(workdir),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    text, _ = p.communicate(timeout=60)
-    assert p.returncode == 2
+    text = _refused_before_anything_starts(tmp_path, "--scenario", "http", "--trace", str(trace))
     assert "--trace" in text and "does not parse" in text
-    assert not out.exists() and not workdir.exists()
-    assert not (CPU / f"dsched-live-{p.pid}").exists()
 
 
 def test_trace_file_parses_json_and_lines(tmp_path):

@@ -9,8 +9,11 @@ affected workers, affected stateful workers, stateful moves, moves, mixed
 workers, node-epochs used, overloaded node-epochs, inter-node traffic
 (tuples/s after each plan) and plan seconds.
 
-``mips`` is also run alone over a range of sample budgets on the same inputs
-(several seeds), reporting its quality against budget; a PNG shows it.
+``--seeds COUNT`` repeats every scenario with COUNT seeds and sums the figures.
+
+``mips`` is also run alone over a range of sample budgets on the first seed's
+scenarios (with several mips seeds), reporting its quality against budget; a
+PNG shows it.
 
 ``liu`` runs with its defaults unless ``--liu-option KEY=VALUE`` overrides one;
 each ``--liu-variant KEY=VALUE[,KEY=VALUE...]`` runs it once more with other
@@ -232,12 +235,31 @@ def run_strategy(
     return totals
 
 
+def run_over_seeds(
+    name: str, states_per_seed: list[list[ClusterState]], headroom: float, **options
+) -> dict[str, Any]:
+    """``run_strategy`` on each seed's epochs (a fresh strategy each), figures summed."""
+    totals: dict[str, Any] = {}
+    for states in states_per_seed:
+        for key, value in run_strategy(name, states, headroom, **options).items():
+            totals[key] = totals[key] + value if key in totals else value
+    return totals
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the figures here")
     parser.add_argument(
         "--png", metavar="PATH", help="mips quality vs budget (default: beside --json)"
     )
     parser.add_argument("--seed", type=int, default=1, help="scenario seed (default 1)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="COUNT",
+        help="run each scenario with COUNT seeds from --seed on and sum the figures "
+        "(default 1); the mips quality curve uses the first",
+    )
     parser.add_argument("--epochs", type=int, default=6, help="epochs per scenario (default 6)")
     parser.add_argument("--headroom", type=float, default=0.2, help="cores kept free per node")
     parser.add_argument(
@@ -338,6 +360,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--epochs must be >= 2, got {args.epochs}")
     if args.headroom < 0:
         raise ValueError(f"--headroom must be >= 0, got {args.headroom}")
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     if args.mips_samples < 1 or any(b < 1 for b in args.budgets):
         raise ValueError("--mips-samples and --budgets must be >= 1")
     liu_options = parse_options(args.liu_option, "--liu-option")
@@ -348,7 +372,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     for options in (liu_options, *variants):
         get_strategy("liu", **options)  # bad options fail here, before any run
-    states = {s: scenario_states(s, args.seed, args.epochs) for s in SCENARIOS}
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    states = {s: [scenario_states(s, seed, args.epochs) for seed in seeds] for s in SCENARIOS}
     per_scenario: dict[str, dict[str, dict[str, Any]]] = {}
     summed: dict[str, dict[str, float]] = {}
     # Options each strategy runs with (the rest are its defaults), recorded in the JSON.
@@ -363,7 +388,7 @@ def run(args: argparse.Namespace) -> int:
     for scenario, epoch_states in states.items():
         per_scenario[scenario] = {}
         for name in STRATEGIES:
-            figs = run_strategy(name, epoch_states, args.headroom, **run_options.get(name, {}))
+            figs = run_over_seeds(name, epoch_states, args.headroom, **run_options.get(name, {}))
             per_scenario[scenario][name] = figs
             acc = summed.setdefault(name, dict.fromkeys(figs, 0.0))
             for key, value in figs.items():
@@ -371,7 +396,8 @@ def run(args: argparse.Namespace) -> int:
     for figs in summed.values():
         figs["inter_node_traffic"] = round(figs["inter_node_traffic"], 3)
     liu_variants = [_liu_variant(options, states, args.headroom) for options in variants]
-    quality = mips_quality(states, args.budgets, args.budget_seeds, args.headroom)
+    first_seed = {s: per_seed[0] for s, per_seed in states.items()}
+    quality = mips_quality(first_seed, args.budgets, args.budget_seeds, args.headroom)
     stateful = {n: f["affected_stateful_workers"] for n, f in summed.items()}
     fewest = min(stateful.values())
     feasible = [n for n, f in summed.items() if f["overloaded_nodes"] == 0]
@@ -380,9 +406,9 @@ def run(args: argparse.Namespace) -> int:
             {
                 "name": s,
                 "epochs": args.epochs,
-                "seed": args.seed,
-                "nodes": len(states[s][0].nodes),
-                "instances": len(states[s][0].instances),
+                "seeds": seeds,
+                "nodes": len(states[s][0][0].nodes),
+                "instances": len(states[s][0][0].instances),
             }
             for s in SCENARIOS
         ],
@@ -442,11 +468,10 @@ def _liu_options(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def _liu_variant(
-    options: dict[str, Any], states: dict[str, list[ClusterState]], headroom: float
+    options: dict[str, Any], states: dict[str, list[list[ClusterState]]], headroom: float
 ) -> dict[str, Any]:
     per = {
-        s: run_strategy("liu", epoch_states, headroom, **options)
-        for s, epoch_states in states.items()
+        s: run_over_seeds("liu", per_seed, headroom, **options) for s, per_seed in states.items()
     }
     summed = {key: sum(figs[key] for figs in per.values()) for key in next(iter(per.values()))}
     summed["inter_node_traffic"] = round(summed["inter_node_traffic"], 3)

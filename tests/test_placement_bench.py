@@ -98,3 +98,41 @@ def test_liu_option_and_variants_are_run_and_recorded(tmp_path, capsys):
     assert variants[0]["per_scenario"]["shrinking"]["nodes_used"] == direct["nodes_used"]
     assert isinstance(doc["liu_fewest_nodes_used_among_feasible"], bool)
     assert "liu with scale_in_patience=30:" in capsys.readouterr().out
+
+
+def test_seeds_sum_each_seeds_run(tmp_path):
+    args = _args(tmp_path, "--seed", "4", "--seeds", "2", "--liu-variant", "scale_in_patience=3")
+    assert bench.run(args) == 0
+    doc = json.loads((tmp_path / "placement.json").read_text())
+    assert [s["seeds"] for s in doc["scenarios"]] == [[4, 5]] * len(bench.SCENARIOS)
+    for scenario in bench.SCENARIOS:
+        for name, options in (("liu", {}), ("rstorm", {})):
+            one_by_one = [
+                bench.run_strategy(
+                    name,
+                    bench.scenario_states(scenario, seed, args.epochs),
+                    args.headroom,
+                    **options,
+                )
+                for seed in (4, 5)
+            ]
+            figs = doc["per_scenario"][scenario][name]
+            for key in ("affected_stateful_workers", "affected_workers", "nodes_used", "moves"):
+                assert figs[key] == sum(r[key] for r in one_by_one), (scenario, name, key)
+    variant = doc["liu_variants"][0]["per_scenario"]["random"]
+    direct = [
+        bench.run_strategy(
+            "liu",
+            bench.scenario_states("random", seed, args.epochs),
+            args.headroom,
+            scale_in_patience=3,
+        )
+        for seed in (4, 5)
+    ]
+    assert variant["affected_workers"] == sum(r["affected_workers"] for r in direct)
+
+
+def test_seeds_below_one_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--seeds must be >= 1"):
+        bench.run(_args(tmp_path, "--seeds", "0"))
+    assert not (tmp_path / "placement.json").exists()

@@ -196,6 +196,48 @@ def test_liu_disrupts_the_stateful_worker_when_stateless_ones_alone_do_not_fit()
     assert move.to_node == "n1" and move.to_worker.endswith(":sf")
 
 
+def _fragmented(x_sf: float, x_sl: float, y_sf: float, y_sl: float) -> ClusterState:
+    """Two nodes of 1 core: x's stateful and stateless workers on n0, y's on n1.
+
+    x: b (stateless) -> s (stateful); y: u (stateless) -> t (stateful).
+    """
+    nodes = (Node("n0", 1.0), Node("n1", 1.0))
+    insts = (
+        Instance("x", "s", 0, x_sf, True, "x@n0:sf", "n0"),
+        Instance("x", "b", 0, x_sl, False, "x@n0:sl", "n0"),
+        Instance("y", "t", 0, y_sf, True, "y@n1:sf", "n1"),
+        Instance("y", "u", 0, y_sl, False, "y@n1:sl", "n1"),
+    )
+    return _cluster(nodes, insts, {"x": (("b", "s"),), "y": (("u", "t"),)})
+
+
+def test_liu_repack_keeps_stateful_workers_in_place_when_that_fits():
+    # n0 is over (1.05): x's stateless b (0.55) is disrupted but fits back on
+    # neither node (free 0.5 and 0.3). Swapping it with y's stateless u fits
+    # around the stateful workers. A full first-fit-decreasing repack would
+    # fit too, by putting b first and moving both stateful workers.
+    state = _fragmented(x_sf=0.5, x_sl=0.55, y_sf=0.4, y_sl=0.3)
+    plan = get_strategy("liu", scale_in=False).plan(state)
+    assert plan.feasible, plan.reasons
+    assert plan.affected_stateful_workers == ()
+    assert plan.stateful_moves == 0
+    assert {m.instance for m in plan.moves} == {"x/b/0", "y/u/0"}
+    assert any("keeping stateful workers in place" in r for r in plan.reasons)
+    full, full_fits = first_fit_decreasing(state, 0.0)
+    assert full_fits and full["x/s/0"] != "n0"
+
+
+def test_liu_repack_moves_stateful_workers_only_when_nothing_else_fits():
+    # b (0.6) fits beside neither stateful worker (0.5 each): only putting both
+    # stateful workers on one node makes room for it.
+    state = _fragmented(x_sf=0.5, x_sl=0.6, y_sf=0.5, y_sl=0.4)
+    plan = get_strategy("liu", scale_in=False).plan(state)
+    assert plan.feasible, plan.reasons
+    assert plan.affected_stateful_workers
+    assert any("full repack" in r for r in plan.reasons)
+    assert plan.mixed_workers == 0
+
+
 def test_liu_prefers_a_node_where_no_extra_worker_is_disrupted():
     # n0 overloaded by stateless work; n1 has a stateless worker with room, n2 is unused.
     state = _wordcount({"spout": 0.5, "split": 1.2, "count": 0.3})

@@ -182,12 +182,24 @@ def least_loaded_fallback(state: ClusterState, free: dict[str, float], demand: f
     return max(state.node_ids, key=lambda n: (free[n] - demand, -state.node_index[n]))
 
 
-def first_fit_decreasing(state: ClusterState, headroom_cores: float) -> tuple[dict[str, str], bool]:
-    """Instance -> node by first-fit decreasing over nodes in id order; and whether all fit."""
+def first_fit_decreasing(
+    state: ClusterState, headroom_cores: float, fixed: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], bool]:
+    """Instance -> node by first-fit decreasing over nodes in id order; and whether all fit.
+
+    Instances in ``fixed`` (instance -> node) stay where they are and are packed
+    around; they count as fitting only if their node holds them.
+    """
+    fixed = dict(fixed or {})
     free = {n: state.capacity(n, headroom_cores) for n in state.node_ids}
-    node_of: dict[str, str] = {}
-    ok = True
+    demand = {i.id: i.demand_cores for i in state.instances}
+    for inst_id, node in fixed.items():
+        free[node] -= demand[inst_id]
+    ok = all(fits(room, 0.0) for room in free.values())
+    node_of = dict(fixed)
     for inst in sorted(state.instances, key=lambda i: (-i.demand_cores, i.id)):
+        if inst.id in fixed:
+            continue
         target = next((n for n in state.node_ids if fits(free[n], inst.demand_cores)), None)
         if target is None:
             ok = False

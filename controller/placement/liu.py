@@ -49,9 +49,10 @@ moving stateless instances never restarts stateful ones. Per epoch:
    emptiable; a controller that skips planning in an epoch calls
    :meth:`LiuStrategy.observe` instead, so the count stays consecutive.
 
-If the heuristic leaves a node over capacity, a full first-fit-decreasing
-repack (still separating stateful from stateless) is tried, and used when it
-fits.
+If the heuristic leaves a node over capacity, a first-fit-decreasing repack
+(still separating stateful from stateless) is tried: first around the stateful
+workers, which stay where their nodes can hold them, so only stateless workers
+restart; a full repack only when that does not fit. Either is used when it fits.
 """
 
 from __future__ import annotations
@@ -237,12 +238,13 @@ class LiuStrategy(PlacementStrategy):
             self._low_streak.clear()
             repack = self._repack(state, headroom_cores)
             if repack is not None:
+                groups, how = repack
                 reasons.append(
-                    "incremental placement could not fit "
-                    f"{len(unplaced)} instance(s); full repack separating stateful and "
-                    "stateless workers fits"
+                    f"incremental placement could not fit {len(unplaced)} instance(s); "
+                    f"a first-fit-decreasing repack ({how}, stateful and stateless "
+                    "workers separated) fits"
                 )
-                return Decision(repack, tuple(reasons))
+                return Decision(groups, tuple(reasons))
             for inst_id in unplaced:
                 inst = instances[inst_id]
                 node = max(state.node_ids, key=lambda n: (layout.free(n), -state.node_index[n]))
@@ -418,15 +420,48 @@ class LiuStrategy(PlacementStrategy):
             reasons.append("scaled out to unused node(s): " + ", ".join(opened))
         return unplaced
 
-    def _repack(self, state: ClusterState, headroom_cores: float) -> dict[str, GroupKey] | None:
-        node_of, ok = first_fit_decreasing(state, headroom_cores)
-        if not ok:
-            return None
+    def _repack(
+        self, state: ClusterState, headroom_cores: float
+    ) -> tuple[dict[str, GroupKey], str] | None:
+        """A first-fit-decreasing repack that fits, and what it kept; None if none fits.
+
+        First the stateful workers stay where they are (those that fit their
+        node, largest disrupted first as in Alg. 1) and only the rest is
+        repacked around them; a full repack only when that does not fit.
+        """
         instances = state.instance_map()
-        return {
-            i: GroupKey(n, _label(instances[i].stateful), instances[i].stateful)
-            for i, n in node_of.items()
-        }
+        tiers = (
+            (self._stateful_kept(state, headroom_cores), "keeping stateful workers in place"),
+            ({}, "full repack"),
+        )
+        for fixed, how in tiers:
+            node_of, ok = first_fit_decreasing(state, headroom_cores, fixed)
+            if ok:
+                groups = {
+                    i: GroupKey(n, _label(instances[i].stateful), instances[i].stateful)
+                    for i, n in node_of.items()
+                }
+                return groups, how
+        return None
+
+    @staticmethod
+    def _stateful_kept(state: ClusterState, headroom_cores: float) -> dict[str, str]:
+        """Stateful instance -> its node, for the stateful workers their nodes can hold."""
+        by_slot: dict[str, dict[str, list[Instance]]] = defaultdict(lambda: defaultdict(list))
+        placed = state.current_assignment()
+        for inst in state.instances:
+            if inst.stateful and inst.id in placed:
+                by_slot[placed[inst.id][1]][inst.app].append(inst)
+        kept: dict[str, str] = {}
+        for node, slots in by_slot.items():
+            load = {app: sum(i.demand_cores for i in insts) for app, insts in slots.items()}
+            total = sum(load.values())
+            for app in sorted(slots, key=lambda a: (-load[a], a)):
+                if fits(state.capacity(node, headroom_cores), total):
+                    kept.update((i.id, node) for i in slots[app])
+                else:
+                    total -= load[app]
+        return kept
 
     # -- Algorithm 3 -------------------------------------------------------------
 

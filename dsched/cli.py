@@ -53,9 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         modules[name] = mod
 
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        return demo.run(args)
-    return int(modules[args.benchmark].run(args) or 0)
+    try:
+        if args.command == "demo":
+            return demo.run(args)
+        return int(modules[args.benchmark].run(args) or 0)
+    except ValueError as exc:
+        # Bad arguments are refused by the runs before anything starts.
+        parser.exit(2, f"dsched: error: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,16 @@ Runs in enforce mode when this machine's cgroups are writable (caps land under
 /sys/fs/cgroup/cpu/<cgroup-root>/...), otherwise in dry-run with one line
 saying why. Every epoch prints a table; the end prints a summary. With --json
 the epochs and the summary are written for later analysis.
+
+With --nodes 2 (or more) the machine stands for a small cluster: one agent per
+"node", each capping its cgroup root (<cgroup-root>-n1, ...) at --node-cores;
+WordCount runs in worker processes, one stateful and one stateless per node,
+all starting on n1. As the rate rises n1 overloads and the controller's `liu`
+placement moves instances to n2 through the testbed's move endpoint (pause,
+drain, snapshot, restart, resume); as it falls a node holding only stateless
+workers is emptied again. The summary and the JSON's `placement` say what moved
+and which workers it affected; lost and duplicated tuples are counted by
+tuple id.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from testbed.live.actuator import MoveEndpoint
 from testbed.live.cluster import (
     CGROUP_V1_CPU,
     LocalCluster,
@@ -32,6 +43,7 @@ from testbed.live.cluster import (
     metric_value,
     scrape,
 )
+from testbed.live.distributed import DistributedTopology
 from testbed.live.engine import LiveTopology
 from testbed.live.wordcount import FANOUT, wordcount
 
@@ -78,7 +90,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not run the embedded Spark history (it starts a JVM)",
     )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="agents standing for nodes on this machine (default 1; 2 or more: placement "
+        "and live moves)",
+    )
+    p.add_argument(
+        "--node-cores",
+        type=float,
+        default=0.8,
+        help="CPU capacity of each node with --nodes 2 or more (default 0.8)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-epoch tables")
+
+
+MAX_NODES = 8
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse what cannot run, naming the flag, before anything starts."""
+
+    def positive(value: float, flag: str) -> None:
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} must be a finite number > 0, got {value!r}")
+
+    positive(args.duration, "--duration")
+    positive(args.slot_seconds, "--slot-seconds")
+    positive(args.peak_rate, "--peak-rate")
+    if not (math.isfinite(args.low_rate) and 0 <= args.low_rate <= args.peak_rate):
+        raise ValueError(
+            f"--low-rate must be between 0 and --peak-rate ({args.peak_rate:g}), "
+            f"got {args.low_rate!r}"
+        )
+    if args.parallelism < 1:
+        raise ValueError(f"--parallelism must be >= 1, got {args.parallelism}")
+    if not 1 <= args.nodes <= MAX_NODES:
+        raise ValueError(f"--nodes must be between 1 and {MAX_NODES}, got {args.nodes}")
+    positive(args.node_cores, "--node-cores")
 
 
 def triangle_rate(duration: float, low: float, high: float):
@@ -180,6 +230,7 @@ def _cgroup_dirs(root: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
     console = Console()
     writable, why = cgroups_writable()
     mode = args.mode or ("enforce" if writable else "dry-run")
@@ -188,32 +239,57 @@ def run(args: argparse.Namespace) -> int:
         mode = "dry-run"
     elif args.mode is None and not writable:
         console.print(f"[yellow]dry-run: {why}[/]")
-    cgroup_root = CGROUP_V1_CPU / args.cgroup_root
-    cgroups_before = set(_cgroup_dirs(cgroup_root))
+    several = args.nodes > 1
+    # One cgroup root per node: a node's agent caps its root at the node's capacity.
+    roots = (
+        {f"n{k}": f"{args.cgroup_root}-n{k}" for k in range(1, args.nodes + 1)}
+        if several
+        else {"local": args.cgroup_root}
+    )
+    cgroup_roots = [CGROUP_V1_CPU / r for r in roots.values()]
+    cgroups_before = {d for root in cgroup_roots for d in _cgroup_dirs(root)}
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dsched-demo-"))
+    controller_config: dict[str, Any] = {
+        "theta_cores": 0.05,
+        "headroom_cores": 0.1,
+        "min_cap_cores": 0.05,
+    }
+    node_config: dict[str, Any] = {"cpu_period_us": args.cpu_period_us}
+    endpoint = None
+    if several:
+        node_config["capacity_cores"] = args.node_cores
+        controller_config["placement"] = "liu"
+        if mode == "enforce":
+            # Started before the controller, which is configured with its URL; the
+            # topology is attached once the agents run.
+            endpoint = MoveEndpoint().start()
+            controller_config["move_actuator"] = "testbed"
+            controller_config["move_url"] = endpoint.url
     cluster = LocalCluster(
         workdir,
         mode=mode,
         slot_seconds=args.slot_seconds,
-        controller_config={"theta_cores": 0.05, "headroom_cores": 0.1, "min_cap_cores": 0.05},
+        controller_config=controller_config,
         nodes=[
-            NodeSpec(
-                "local",
-                cgroup_root=args.cgroup_root,
-                extra_config={"cpu_period_us": args.cpu_period_us},
-            )
+            NodeSpec(node, cgroup_root=root, extra_config=dict(node_config))
+            for node, root in roots.items()
         ],
         agent_dry_run=(mode == "dry-run"),
         history=not args.no_history,
     )
     spec = wordcount(parallelism=args.parallelism)
     rate = triangle_rate(args.duration, args.low_rate, args.peak_rate)
+    where = (
+        f"{args.nodes} nodes of {args.node_cores:g} cores, all instances starting on n1"
+        if several
+        else "one node"
+    )
     console.print(
         f"dsched demo: mode [bold]{mode}[/], {args.duration:.0f} s, slot {args.slot_seconds:g} s, "
         f"WordCount {args.parallelism}x3 instances, {args.low_rate:.0f}→{args.peak_rate:.0f}→"
         f"{args.low_rate:.0f} sentences/s (~{spec.cpu_per_root_ms(FANOUT) * args.peak_rate / 1000:.2f} "
-        f"cores at peak); logs in {workdir}"
+        f"cores at peak), {where}; logs in {workdir}"
     )
     interrupted = threading.Event()
     old_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
@@ -224,9 +300,17 @@ def run(args: argparse.Namespace) -> int:
     topo = None
     try:
         cluster.start()
-        agent = cluster.agents["local"]
-        topo = LiveTopology(spec, rate, node="local", agent_socket=str(agent.socket))
-        topo.start()
+        agent = next(iter(cluster.agents.values()))
+        if several:
+            topo = DistributedTopology(
+                spec, rate, nodes={n: str(a.socket) for n, a in cluster.agents.items()}
+            )
+            topo.start()
+            if endpoint is not None:
+                endpoint.attach(topo)
+        else:
+            topo = LiveTopology(spec, rate, node="local", agent_socket=str(agent.socket))
+            topo.start()
         last_epoch, checked = 0, False
         while time.monotonic() - started < args.duration and not interrupted.is_set():
             time.sleep(0.25)
@@ -241,14 +325,18 @@ def run(args: argparse.Namespace) -> int:
                     console.print(epoch_table(rec))
             if not checked and time.monotonic() - started > args.duration / 2:
                 checked = True
-                observed.update(_observe(cluster, agent.metrics, cgroup_root))
+                observed.update(_observe(cluster, agent.metrics, cgroup_roots))
         stats = topo.stop()
         topo = None
-        agent_text = scrape(agent.metrics)
-        caps_applied = metric_value(agent_text, "dsched_agent_cap_writes_total") or 0.0
+        caps_applied = sum(
+            metric_value(scrape(a.metrics), "dsched_agent_cap_writes_total") or 0.0
+            for a in cluster.agents.values()
+        )
     finally:
         if topo is not None:
             topo.stop(drain_timeout=10)
+        if endpoint is not None:
+            endpoint.stop()
         cluster.stop()
         signal.signal(signal.SIGINT, old_handler)
 
@@ -281,12 +369,15 @@ def run(args: argparse.Namespace) -> int:
         # Instance cgroups that appeared while it ran (none in dry-run), and
         # those still there after the instances stopped (the agent removes them).
         "cgroups_created": len(set(observed["cgroups"]) - cgroups_before),
-        "cgroups_left_after": sorted(set(_cgroup_dirs(cgroup_root)) - cgroups_before),
+        "cgroups_left_after": sorted(
+            {d for root in cgroup_roots for d in _cgroup_dirs(root)} - cgroups_before
+        ),
     }
     doc = {
         "mode": mode,
         "duration_seconds": args.duration,
         "slot_seconds": args.slot_seconds,
+        "nodes": {node: (args.node_cores if several else None) for node in roots},
         "observed_while_running": observed,
         "epochs": [
             {
@@ -318,14 +409,14 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary["lost"] == 0 else 1
 
 
-def _observe(cluster: LocalCluster, agent_metrics: str, cgroup_root: Path) -> dict[str, Any]:
+def _observe(cluster: LocalCluster, agent_metrics: str, cgroup_roots: list[Path]) -> dict[str, Any]:
     """What an operator would check mid-run: both /metrics and the cgroup tree."""
     ctrl = scrape(cluster.metrics)
     agent = scrape(agent_metrics)
     return {
         "controller_metrics": [m for m in CONTROLLER_METRICS if m in ctrl],
         "agent_metrics": [m for m in AGENT_METRICS if m in agent],
-        "cgroups": _cgroup_dirs(cgroup_root),
+        "cgroups": [d for root in cgroup_roots for d in _cgroup_dirs(root)],
     }
 
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 DSCHED = str(Path(sys.executable).parent / "dsched")
 
 
-def _demo(tmp_path: Path, mode: str, root: str) -> dict:
+def _demo(tmp_path: Path, mode: str, root: str, *extra: str) -> dict:
     out = tmp_path / "demo.json"
     r = subprocess.run(
         [
@@ -41,6 +41,7 @@ def _demo(tmp_path: Path, mode: str, root: str) -> dict:
             "--peak-rate",
             "120",
             "--quiet",
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -54,9 +55,12 @@ def _demo(tmp_path: Path, mode: str, root: str) -> dict:
 def root_name():
     require_cgroups()
     name = f"dsched-demo-test-{os.getpid()}"
+    # The root itself, and the per-node roots of --nodes 2.
+    roots = [CGROUP_V1_CPU / n for n in (name, f"{name}-n1", f"{name}-n2")]
     yield name
-    remove_cgroup_tree(CGROUP_V1_CPU / name)
-    assert not (CGROUP_V1_CPU / name).exists()
+    for root in roots:
+        remove_cgroup_tree(root)
+    assert not any(root.exists() for root in roots)
 
 
 def test_enforce_demo_caps_real_threads_and_loses_nothing(tmp_path, root_name):
@@ -78,3 +82,65 @@ def test_dry_run_demo_touches_no_cgroup(tmp_path, root_name):
     assert doc["mode"] == "dry-run" and s["lost"] == 0 and s["caps_applied"] == 0
     assert s["cgroups_created"] == 0
     assert not (CGROUP_V1_CPU / root_name).exists()
+
+
+def test_two_node_demo_moves_only_stateless_instances_and_loses_nothing(tmp_path, root_name):
+    # Rises to 300 sentences/s (about 0.8 cores) at 15 s: more than n1's usable
+    # 0.7 cores, so the controller must move instances, and WordCount's
+    # stateful count alone (about 0.45 cores) fits, so stateless moves suffice.
+    doc = _demo(
+        tmp_path,
+        "enforce",
+        root_name,
+        "--nodes",
+        "2",
+        "--duration",
+        "30",
+        "--peak-rate",
+        "300",
+    )
+    s = doc["summary"]
+    assert doc["nodes"] == {"n1": 0.8, "n2": 0.8}
+    assert s["lost"] == 0 and s["duplicated"] == 0 and s["tuples_done"] == s["tuples_in"] > 0
+    placement = doc["placement"]
+    assert s["placement_plans"] == len(placement["plans"]) >= 1
+    assert s["affected_workers"] == placement["affected_workers"] >= 1
+    first = placement["plans"][0]
+    assert first["strategy"] == "liu" and first["actuator"] == "testbed"
+    assert {(m["from_node"], m["to_node"]) for m in first["moves"]} == {("n1", "n2")}
+    assert all(not m["stateful"] for m in first["moves"])
+    for plan in placement["plans"]:
+        assert plan["result"]["executed"] and plan["result"]["error"] is None
+        # A stateful worker restarts only when its node's stateful workers alone
+        # do not fit it (the predicted demand of count can pass n1's 0.7 usable
+        # cores at the peak): moving stateless ones would not have sufficed.
+        if plan["affected_stateful_workers"]:
+            why = ("disrupting stateful", "disrupting stateless and stateful", "full repack")
+            assert any(w in r for r in plan["reasons"] for w in why), plan["reasons"]
+        else:
+            assert all(not m["stateful"] for m in plan["moves"])
+    assert s["cgroups_left_after"] == []
+    assert not (CGROUP_V1_CPU / f"{root_name}-n1" / "wordcount").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--nodes", "0"], "--nodes must be between 1 and 8"),
+        (["--node-cores", "nan"], "--node-cores must be a finite number > 0"),
+        (["--duration", "0"], "--duration must be a finite number > 0"),
+        (["--low-rate", "500"], "--low-rate must be between 0 and --peak-rate"),
+        (["--parallelism", "0"], "--parallelism must be >= 1"),
+    ],
+)
+def test_bad_demo_arguments_are_refused_before_anything_starts(tmp_path, flags, message):
+    work = tmp_path / "work"
+    r = subprocess.run(
+        [DSCHED, "demo", "--workdir", str(work), "--no-history", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr
+    assert not work.exists()

@@ -136,3 +136,15 @@ def test_seeds_below_one_is_refused(tmp_path):
     with pytest.raises(ValueError, match="--seeds must be >= 1"):
         bench.run(_args(tmp_path, "--seeds", "0"))
     assert not (tmp_path / "placement.json").exists()
+
+
+def test_the_command_line_reports_bad_arguments_without_a_traceback(tmp_path, capsys):
+    from dsched.cli import main
+
+    out = tmp_path / "placement.json"
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "placement", "--seeds", "0", "--json", str(out)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "dsched: error: --seeds must be >= 1, got 0"
+    assert not out.exists()

@@ -222,7 +222,7 @@ def test_liu_repack_keeps_stateful_workers_in_place_when_that_fits():
     assert plan.affected_stateful_workers == ()
     assert plan.stateful_moves == 0
     assert {m.instance for m in plan.moves} == {"x/b/0", "y/u/0"}
-    assert any("keeping stateful workers in place" in r for r in plan.reasons)
+    assert any("keeping 2 stateful worker(s) in place" in r for r in plan.reasons)
     full, full_fits = first_fit_decreasing(state, 0.0)
     assert full_fits and full["x/s/0"] != "n0"
 

@@ -430,10 +430,11 @@ class LiuStrategy(PlacementStrategy):
         repacked around them; a full repack only when that does not fit.
         """
         instances = state.instance_map()
-        tiers = (
-            (self._stateful_kept(state, headroom_cores), "keeping stateful workers in place"),
-            ({}, "full repack"),
-        )
+        kept = self._stateful_kept(state, headroom_cores)
+        tiers = [({}, "full repack")]
+        if kept:
+            workers = len({(instances[i].app, node) for i, node in kept.items()})
+            tiers.insert(0, (kept, f"keeping {workers} stateful worker(s) in place"))
         for fixed, how in tiers:
             node_of, ok = first_fit_decreasing(state, headroom_cores, fixed)
             if ok:

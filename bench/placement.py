@@ -11,6 +11,12 @@ workers, node-epochs used, overloaded node-epochs, inter-node traffic
 
 ``--seeds COUNT`` repeats every scenario with COUNT seeds and sums the figures.
 
+Every instance also carries its peak: the most it needed over the last
+``--peak-epochs`` epochs (default 30), so each scenario starts with that much
+load behind it. ``liu`` places stateful instances by their peaks; the others
+read only demand. ``liu_demand_only`` is liu on the same epochs without peaks,
+so what peaks buy shows beside it.
+
 ``mips`` is also run alone over a range of sample budgets on the first seed's
 scenarios (with several mips seeds), reporting its quality against budget; a
 PNG shows it.
@@ -27,7 +33,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +50,9 @@ from controller.placement import (
 SCENARIOS = ("growing", "shrinking", "random")
 DEFAULT_BUDGETS = (4, 16, 64, 256, 1024)
 DEFAULT_LIU_VARIANTS = ("scale_in_patience=3", "stateful_growth=0")
+#: Epochs over which an instance's peak demand is taken: 300 s at a 10-s slot,
+#: as the controller's default ``stateful_peak_seconds``.
+DEFAULT_PEAK_EPOCHS = 30
 
 
 def parse_option(text: str, flag: str) -> tuple[str, Any]:
@@ -134,10 +143,25 @@ def _load_curve(scenario: str, epochs: int, rng: random.Random) -> list[float]:
     return [rng.uniform(0.5, 1.6) for _ in range(epochs)]
 
 
+def _history_curve(scenario: str, first: float, epochs: int, rng: random.Random) -> list[float]:
+    """Load before epoch 0: random as the scenario, else steady at the first level."""
+    if scenario == "random":
+        return [rng.uniform(0.5, 1.6) for _ in range(epochs)]
+    return [first] * epochs
+
+
 def scenario_states(
-    scenario: str, seed: int, epochs: int = 6, nodes: int = 6
+    scenario: str, seed: int, epochs: int = 6, nodes: int = 6, peak_epochs: int = 1
 ) -> list[ClusterState]:
-    """The demands of each epoch as (unplaced) cluster states; same seed, same states."""
+    """The demands of each epoch as (unplaced) cluster states; same seed, same states.
+
+    Each instance's peak is the most it needed over the last ``peak_epochs``
+    epochs, now included, as the controller's ``DemandPeaks`` gives it; the
+    scenario starts with ``peak_epochs - 1`` epochs of load behind it, drawn
+    from their own stream so the epochs themselves do not change with it.
+    """
+    if peak_epochs < 1:
+        raise ValueError(f"peak_epochs must be >= 1, got {peak_epochs}")
     rng = random.Random(f"{scenario}:{seed}")
     apps = _apps(rng)
     node_list = tuple(Node(f"n{k}", 2.5) for k in range(nodes))
@@ -148,6 +172,24 @@ def scenario_states(
         for op in ops
         for k in range(op.parallelism)
     }
+    past_rng = random.Random(f"{scenario}:{seed}:history")
+    past = _history_curve(scenario, curve[0], peak_epochs - 1, past_rng)
+    past_noise = [
+        {
+            key: value * past_rng.uniform(0.9, 1.1) if scenario == "random" else value
+            for key, value in jitter.items()
+        }
+        for _ in past
+    ]
+    seen: list[dict[tuple, float]] = [
+        {
+            (app, op.name, k): round(op.cost * level * noise[(app, op.name, k)], 4)
+            for app, (ops, _) in apps.items()
+            for op in ops
+            for k in range(op.parallelism)
+        }
+        for level, noise in zip(past, past_noise, strict=True)
+    ]
     states = []
     for level in curve:
         instances, traffic = [], {}
@@ -155,6 +197,14 @@ def scenario_states(
             key: value * rng.uniform(0.9, 1.1) if scenario == "random" else value
             for key, value in jitter.items()
         }
+        now = {
+            (app, op.name, k): round(op.cost * level * noise[(app, op.name, k)], 4)
+            for app, (ops, _) in apps.items()
+            for op in ops
+            for k in range(op.parallelism)
+        }
+        seen.append(now)
+        window = seen[-peak_epochs:]
         for app, (ops, edges) in apps.items():
             by_op = {}
             for op in ops:
@@ -163,8 +213,9 @@ def scenario_states(
                         app,
                         op.name,
                         k,
-                        round(op.cost * level * noise[(app, op.name, k)], 4),
+                        now[(app, op.name, k)],
                         op.stateful,
+                        peak_demand_cores=max(w[(app, op.name, k)] for w in window),
                     )
                     for k in range(op.parallelism)
                 ]
@@ -186,7 +237,15 @@ def _with_placement(demands: ClusterState, placed: ClusterState) -> ClusterState
     return ClusterState(
         demands.nodes,
         tuple(
-            Instance(i.app, i.operator, i.index, i.demand_cores, i.stateful, *where[i.id])
+            Instance(
+                i.app,
+                i.operator,
+                i.index,
+                i.demand_cores,
+                i.stateful,
+                *where[i.id],
+                peak_demand_cores=i.peak_demand_cores,
+            )
             for i in demands.instances
         ),
         placed.workers,
@@ -261,6 +320,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 1); the mips quality curve uses the first",
     )
     parser.add_argument("--epochs", type=int, default=6, help="epochs per scenario (default 6)")
+    parser.add_argument(
+        "--peak-epochs",
+        type=int,
+        default=DEFAULT_PEAK_EPOCHS,
+        metavar="N",
+        help="each instance's peak is its highest demand over the last N epochs, now "
+        "included; every scenario starts with N-1 epochs of load behind it "
+        f"(default {DEFAULT_PEAK_EPOCHS}: the controller's stateful_peak_seconds of 300 "
+        "at its 10-s slot; 1: no peaks, demand only)",
+    )
     parser.add_argument("--headroom", type=float, default=0.2, help="cores kept free per node")
     parser.add_argument(
         "--mips-samples", type=int, default=256, help="mips budget in the comparison"
@@ -362,6 +431,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--headroom must be >= 0, got {args.headroom}")
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.peak_epochs < 1:
+        raise ValueError(f"--peak-epochs must be >= 1, got {args.peak_epochs}")
     if args.mips_samples < 1 or any(b < 1 for b in args.budgets):
         raise ValueError("--mips-samples and --budgets must be >= 1")
     liu_options = parse_options(args.liu_option, "--liu-option")
@@ -373,7 +444,10 @@ def run(args: argparse.Namespace) -> int:
     for options in (liu_options, *variants):
         get_strategy("liu", **options)  # bad options fail here, before any run
     seeds = list(range(args.seed, args.seed + args.seeds))
-    states = {s: [scenario_states(s, seed, args.epochs) for seed in seeds] for s in SCENARIOS}
+    states = {
+        s: [scenario_states(s, seed, args.epochs, peak_epochs=args.peak_epochs) for seed in seeds]
+        for s in SCENARIOS
+    }
     per_scenario: dict[str, dict[str, dict[str, Any]]] = {}
     summed: dict[str, dict[str, float]] = {}
     # Options each strategy runs with (the rest are its defaults), recorded in the JSON.
@@ -396,6 +470,11 @@ def run(args: argparse.Namespace) -> int:
     for figs in summed.values():
         figs["inter_node_traffic"] = round(figs["inter_node_traffic"], 3)
     liu_variants = [_liu_variant(options, states, args.headroom) for options in variants]
+    demand_only = _liu_variant(
+        liu_options,
+        {s: [_without_peaks(epochs) for epochs in per_seed] for s, per_seed in states.items()},
+        args.headroom,
+    )
     first_seed = {s: per_seed[0] for s, per_seed in states.items()}
     quality = mips_quality(first_seed, args.budgets, args.budget_seeds, args.headroom)
     stateful = {n: f["affected_stateful_workers"] for n, f in summed.items()}
@@ -406,6 +485,7 @@ def run(args: argparse.Namespace) -> int:
             {
                 "name": s,
                 "epochs": args.epochs,
+                "peak_epochs": args.peak_epochs,
                 "seeds": seeds,
                 "nodes": len(states[s][0][0].nodes),
                 "instances": len(states[s][0][0].instances),
@@ -437,6 +517,7 @@ def run(args: argparse.Namespace) -> int:
             n: (v / stateful["liu"] if stateful["liu"] else None) for n, v in stateful.items()
         },
         "liu_variants": liu_variants,
+        "liu_demand_only": demand_only,
         "mips_quality_vs_budget": quality,
     }
     png = (
@@ -455,6 +536,16 @@ def run(args: argparse.Namespace) -> int:
     doc = write_result(args.json, "placement", figures)
     _print_table(doc)
     return 0
+
+
+def _without_peaks(states: list[ClusterState]) -> list[ClusterState]:
+    return [
+        replace(
+            state,
+            instances=tuple(replace(i, peak_demand_cores=None) for i in state.instances),
+        )
+        for state in states
+    ]
 
 
 def _liu_options(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -503,7 +594,10 @@ def _print_table(doc: dict[str, Any]) -> None:
         print(f"  {scenario}")
         for name, figs in figs_by_name.items():
             print("    " + name.ljust(16) + "".join(f"{figs[c]:8.4g}" for c in per))
-    for variant in doc["liu_variants"]:
+    for variant in (
+        *doc["liu_variants"],
+        {**doc["liu_demand_only"], "overrides": {"peaks": "none"}},
+    ):
         over = ", ".join(f"{k}={v}" for k, v in variant["overrides"].items()) or "defaults"
         per_sf = " / ".join(
             f"{figs['affected_stateful_workers']:g}" for figs in variant["per_scenario"].values()

@@ -126,6 +126,10 @@ class ControllerConfig:
     # controller turns it into consecutive plans of its slot for strategies that
     # wait (``liu``'s scale_in_patience).
     scale_in_wait_seconds: float = 300.0
+    # Stateful instances are placed where their workers keep room for the most
+    # they needed over this window (moving one later costs a state migration);
+    # stateless ones only by their demand now. 0: by their demand now too.
+    stateful_peak_seconds: float = 300.0
     qos: QosConfig = field(default_factory=QosConfig)
     # Squared coefficients of variation of inter-arrival and service times used by
     # the Allen–Cunneen latency model (1.0 = Poisson-like).
@@ -196,6 +200,11 @@ class ControllerConfig:
         require(
             math.isfinite(self.scale_in_wait_seconds) and self.scale_in_wait_seconds >= 0,
             "scale_in_wait_seconds",
+            "must be a number >= 0",
+        )
+        require(
+            math.isfinite(self.stateful_peak_seconds) and self.stateful_peak_seconds >= 0,
+            "stateful_peak_seconds",
             "must be a number >= 0",
         )
         require(self.arrival_scv >= 0, "arrival_scv", "must be >= 0")

@@ -32,7 +32,9 @@ from controller.hysteresis import HysteresisState
 from controller.metrics import ControllerMetrics
 from controller.migration import LogOnlyMoveActuator, get_move_actuator
 from controller.model import InstanceKey, OperatorKey
+from controller.placement.model import instance_id
 from controller.placement_stage import (
+    DemandPeaks,
     build_strategy,
     current_from_histories,
     dags_from_topologies,
@@ -134,6 +136,7 @@ class Controller:
             if config.placement == "none"
             else build_strategy(config.placement, config.slot_seconds, config.scale_in_wait_seconds)
         )
+        self._peaks = DemandPeaks.for_slot(config.stateful_peak_seconds, config.slot_seconds)
         self._placement_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsched-place")
         self._placement_job: Future | None = None
         self._placement_done: dict[str, Any] | None = None
@@ -424,6 +427,12 @@ class Controller:
         finished. Until instances have moved, the overflow stays cut by weight."""
         if self._placer is None:
             return {"planned": False}
+        # Every epoch, planned or not, so a peak covers consecutive epochs.
+        peaks = self._peaks.observe(record["instances"])
+        for row in record["instances"]:
+            peak = peaks.get(instance_id(row["app"], row["operator"], row["instance"]))
+            if peak is not None:
+                row["peak_demand_cores"] = peak
         done, self._placement_done = self._placement_done, None
         busy = self._placement_job is not None and not self._placement_job.done()
         settling = [] if busy else self._still_settling(record)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -74,6 +75,58 @@ def dags_from_topologies(topologies: Mapping[str, Any]) -> dict[str, list[tuple[
     }
 
 
+class DemandPeaks:
+    """Each instance's highest predicted demand over the last ``window`` epochs.
+
+    ``liu`` places stateful instances where their workers keep room for these
+    peaks: a stateful worker that outgrows its node must carry its state
+    elsewhere, a stateless one only restarts. Call :meth:`observe` every epoch,
+    planned or not, so the window is a run of consecutive epochs. An instance
+    that stops reporting is forgotten; one that comes back starts afresh.
+    """
+
+    def __init__(self, window: int) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window (epochs) must be an int >= 1, got {window!r}")
+        self.window = window
+        self._demands: dict[str, deque[float]] = {}
+
+    @classmethod
+    def for_slot(cls, peak_seconds: float, slot_seconds: float) -> DemandPeaks:
+        """The window covering ``peak_seconds`` of epochs of ``slot_seconds`` (at least one)."""
+        return cls(max(1, math.ceil(peak_seconds / slot_seconds - 1e-9)))
+
+    def observe(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """Record this epoch's ``demand_cores`` rows; instance id -> its peak.
+
+        Rows that lack a field or carry no finite demand >= 0 are left out (the
+        planner's input check names them): a bad demand does not enter the
+        window, and the instance keeps the window it had.
+        """
+        peaks: dict[str, float] = {}
+        present: set[str] = set()
+        for row in rows:
+            try:
+                iid = instance_id(row["app"], row["operator"], row["instance"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            present.add(iid)
+            try:
+                demand = float(row["demand_cores"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if not (math.isfinite(demand) and demand >= 0):
+                continue
+            seen = self._demands.get(iid)
+            if seen is None:
+                seen = self._demands[iid] = deque(maxlen=self.window)
+            seen.append(demand)
+            peaks[iid] = max(seen)
+        for iid in set(self._demands) - present:
+            del self._demands[iid]
+        return peaks
+
+
 def build_cluster_state(
     record: Mapping[str, Any],
     capacity: Mapping[str, float],
@@ -83,7 +136,11 @@ def build_cluster_state(
     traffic: Mapping[tuple[str, str], float] | None = None,
     demand_field: str = "demand_cores",
 ) -> ClusterState:
-    """The planner's input from a decision record; ValueError naming what is wrong."""
+    """The planner's input from a decision record; ValueError naming what is wrong.
+
+    A row's optional ``peak_demand_cores`` (see :class:`DemandPeaks`) becomes
+    the instance's peak.
+    """
     rows = record.get("instances")
     if not isinstance(rows, list):
         raise ValueError("record['instances'] must be a list")
@@ -98,7 +155,8 @@ def build_cluster_state(
         if iid not in current:
             raise ValueError(f"current has no worker for instance {iid}")
         worker, stateful = current[iid]
-        instances.append(Instance(app, op, index, demand, stateful, worker, node))
+        peak = row.get("peak_demand_cores")
+        instances.append(Instance(app, op, index, demand, stateful, worker, node, peak))
         known = workers.get(worker)
         if known is None:
             workers[worker] = Worker(worker, app, node, stateful)

@@ -173,3 +173,53 @@ def test_the_demo_placement_figure_reads_plans_from_the_decision_records(tmp_pat
     assert figure["moves"] >= len(last["moves"])
     # Records without a finished plan add nothing.
     assert placement_figure([{"epoch": 1, "placement": {"planned": False}}])["plans"] == []
+
+
+def _peak_epochs(tmp_path, clock, **kw) -> list[dict]:
+    """Records of a run where wc's load first is high, then falls, and wd's rises
+    then falls, on a node with room for all of it."""
+    c = Controller(config(tmp_path, node_capacity_cores={"n1": 2.0}, **kw), clock=lambda: clock[0])
+    node = SyntheticNode(c, cores=2.0)
+    wc = [300, 300, 300, 200, 120, 30, 30, 30, 30, 30, 30]
+    wd = [30, 30, 150, 250, 250, 100, 30, 30, 30, 30, 30]
+    records = []
+    for a, b in zip(wc, wd, strict=True):
+        records.append(run(c, node, clock, 1, {"wc": a, "wd": b}))
+        assert c.wait_placement(timeout=30)
+    c.stop()
+    return records
+
+
+def test_rows_carry_the_peak_demand_over_the_last_stateful_peak_seconds(tmp_path, clock):
+    # 3 s at a 1-s slot: a window of 3 epochs, over 11 epochs it slides.
+    window = 3
+    records = _peak_epochs(tmp_path, clock, slot_seconds=1.0, stateful_peak_seconds=3.0)
+
+    def rows(rec):
+        return {f"{r['app']}/{r['operator']}/{r['instance']}": r for r in rec["instances"]}
+
+    ids = set(rows(records[-1]))
+    assert len(ids) == 6
+    # Every instance is in every record from the first that has any (the first
+    # report gives no rates yet), so each window is a run of consecutive epochs.
+    first = next(k for k, rec in enumerate(records) if rec["instances"])
+    assert first <= 1
+    assert all(set(rows(rec)) == ids for rec in records[first:])
+    slid = 0
+    for k in range(first, len(records)):
+        history = [rows(r) for r in records[max(first, k - window + 1) : k + 1]]
+        for iid, row in rows(records[k]).items():
+            expected = max(h[iid]["demand_cores"] for h in history)
+            assert row["peak_demand_cores"] == expected, (k, iid)
+            all_time = max(rows(r)[iid]["demand_cores"] for r in records[first : k + 1])
+            slid += expected < all_time
+    # Load fell: peaks above the demand now, and high values that dropped out.
+    assert any(r["peak_demand_cores"] > r["demand_cores"] for r in records[6]["instances"])
+    assert slid > 0
+    assert all(r["peak_demand_cores"] == r["demand_cores"] for r in records[-1]["instances"])
+
+
+def test_rows_carry_no_peak_without_placement(tmp_path, clock):
+    records = _peak_epochs(tmp_path, clock, placement="none", stateful_peak_seconds=3.0)
+    assert records[-1]["instances"]
+    assert not any("peak_demand_cores" in r for rec in records for r in rec["instances"])

@@ -93,7 +93,9 @@ def test_liu_option_and_variants_are_run_and_recorded(tmp_path, capsys):
         per = variant["per_scenario"]
         assert set(per) == set(bench.SCENARIOS)
         assert variant["figures"]["nodes_used"] == sum(f["nodes_used"] for f in per.values())
-    states = bench.scenario_states("shrinking", args.seed, args.epochs)
+    states = bench.scenario_states(
+        "shrinking", args.seed, args.epochs, peak_epochs=args.peak_epochs
+    )
     direct = bench.run_strategy("liu", states, args.headroom, scale_in_patience=30)
     assert variants[0]["per_scenario"]["shrinking"]["nodes_used"] == direct["nodes_used"]
     assert isinstance(doc["liu_fewest_nodes_used_among_feasible"], bool)
@@ -110,7 +112,9 @@ def test_seeds_sum_each_seeds_run(tmp_path):
             one_by_one = [
                 bench.run_strategy(
                     name,
-                    bench.scenario_states(scenario, seed, args.epochs),
+                    bench.scenario_states(
+                        scenario, seed, args.epochs, peak_epochs=args.peak_epochs
+                    ),
                     args.headroom,
                     **options,
                 )
@@ -123,13 +127,59 @@ def test_seeds_sum_each_seeds_run(tmp_path):
     direct = [
         bench.run_strategy(
             "liu",
-            bench.scenario_states("random", seed, args.epochs),
+            bench.scenario_states("random", seed, args.epochs, peak_epochs=args.peak_epochs),
             args.headroom,
             scale_in_patience=3,
         )
         for seed in (4, 5)
     ]
     assert variant["affected_workers"] == sum(r["affected_workers"] for r in direct)
+
+
+def test_peaks_are_the_highest_demand_over_the_last_epochs():
+    for scenario in bench.SCENARIOS:
+        flat = bench.scenario_states(scenario, 3, epochs=4)
+        peaked = bench.scenario_states(scenario, 3, epochs=4, peak_epochs=5)
+        # The epochs themselves do not depend on how much history is behind them.
+        for a, b in zip(flat, peaked, strict=True):
+            assert [i.demand_cores for i in a.instances] == [i.demand_cores for i in b.instances]
+            assert all(i.peak_cores == i.demand_cores for i in a.instances)
+        for e, state in enumerate(peaked):
+            for inst in state.instances:
+                assert inst.peak_demand_cores >= inst.demand_cores
+                seen = [s.instance_map()[inst.id].demand_cores for s in peaked[: e + 1]]
+                # Over the last 5 epochs, of which 4 - e come before epoch 0.
+                assert inst.peak_demand_cores >= max(seen[-5:])
+    # Random load has random history: some instance peaks above all it needs later.
+    random_peaks = bench.scenario_states("random", 3, epochs=2, peak_epochs=30)
+    assert any(
+        i.peak_demand_cores > max(s.instance_map()[i.id].demand_cores for s in random_peaks)
+        for i in random_peaks[0].instances
+    )
+    # Growing and shrinking load were steady before epoch 0.
+    growing = bench.scenario_states("growing", 3, epochs=3, peak_epochs=30)
+    assert all(i.peak_demand_cores == i.demand_cores for s in growing for i in s.instances)
+
+
+def test_the_json_shows_liu_with_and_without_peaks(tmp_path):
+    args = _args(tmp_path, "--peak-epochs", "4", "--liu-variant", "scale_in_patience=3")
+    assert bench.run(args) == 0
+    doc = json.loads((tmp_path / "placement.json").read_text())
+    assert {s["peak_epochs"] for s in doc["scenarios"]} == {4}
+    flat = doc["liu_demand_only"]["per_scenario"]["random"]
+    direct = bench.run_strategy(
+        "liu", bench.scenario_states("random", args.seed, args.epochs), args.headroom
+    )
+    assert flat["affected_workers"] == direct["affected_workers"]
+    assert flat["nodes_used"] == direct["nodes_used"]
+
+
+def test_peak_epochs_below_one_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--peak-epochs must be >= 1"):
+        bench.run(_args(tmp_path, "--peak-epochs", "0"))
+    with pytest.raises(ValueError, match="peak_epochs must be >= 1"):
+        bench.scenario_states("random", 1, peak_epochs=0)
+    assert not (tmp_path / "placement.json").exists()
 
 
 def test_seeds_below_one_is_refused(tmp_path):

@@ -3,6 +3,8 @@ cases of Liu et al. Algorithms 1-3 on hand-made clusters."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +32,15 @@ def clusters(draw) -> ClusterState:
         for op in ops:
             stateful = draw(st.booleans())
             by_op[op] = [
-                Instance(app, op, k, draw(st.floats(0.0, 1.0, allow_nan=False)), stateful)
+                Instance(
+                    app,
+                    op,
+                    k,
+                    draw(st.floats(0.0, 1.0, allow_nan=False)),
+                    stateful,
+                    # Some instances carry a peak, possibly below their demand.
+                    peak_demand_cores=draw(st.none() | st.floats(0.0, 2.0, allow_nan=False)),
+                )
                 for k in range(draw(st.integers(1, 3)))
             ]
             instances += by_op[op]
@@ -47,15 +57,7 @@ def running_clusters(draw) -> ClusterState:
     initial = draw(clusters())
     placed = apply_plan(initial, get_strategy("liu").plan(initial))
     changed = tuple(
-        Instance(
-            i.app,
-            i.operator,
-            i.index,
-            i.demand_cores * draw(st.floats(0.2, 2.5, allow_nan=False)),
-            i.stateful,
-            i.worker,
-            i.node,
-        )
+        replace(i, demand_cores=i.demand_cores * draw(st.floats(0.2, 2.5, allow_nan=False)))
         for i in placed.instances
     )
     return ClusterState(placed.nodes, changed, placed.workers, placed.dags, placed.traffic)
@@ -460,3 +462,71 @@ def test_liu_separates_a_mixed_worker_it_finds():
     plan = get_strategy("liu").plan(ClusterState(nodes, insts, (worker,)))
     assert plan.mixed_workers == 0
     assert any("mixes stateful and stateless" in r for r in plan.reasons)
+
+
+# -- peaks: stateful instances keep room for the most they needed lately ---------
+
+
+def test_liu_places_a_displaced_stateful_instance_where_its_peak_fits():
+    # b's stateful instance lost its node. n0 has room for its demand now (0.4)
+    # but b's peak (1.2) would not fit beside a's stateful peak there; n1 keeps
+    # that room, so it goes to n1 although n0 comes first.
+    nodes = (Node("n0", 2.0), Node("n1", 2.0))
+    insts = (
+        Instance("a", "agg", 0, 0.5, True, "a@n0:sf", "n0", peak_demand_cores=1.5),
+        Instance("a", "src", 0, 0.6, False, "a@n1:sl", "n1"),
+        Instance("b", "agg", 0, 0.4, True, "b@gone:sf", "gone", peak_demand_cores=1.2),
+    )
+    plan = get_strategy("liu", scale_in=False).plan(_cluster(nodes, insts))
+    assert [(m.instance, m.to_node) for m in plan.moves] == [("b/agg/0", "n1")]
+    # Without peaks the first node with room now takes it.
+    flat = tuple(replace(i, peak_demand_cores=None) for i in insts)
+    plan = get_strategy("liu", scale_in=False).plan(_cluster(nodes, flat))
+    assert [(m.instance, m.to_node) for m in plan.moves] == [("b/agg/0", "n0")]
+
+
+def test_liu_settles_for_room_now_when_no_node_has_room_for_the_peak():
+    nodes = (Node("n0", 2.0),)
+    insts = (
+        Instance("a", "agg", 0, 0.5, True, "a@n0:sf", "n0", peak_demand_cores=1.5),
+        Instance("b", "agg", 0, 0.4, True, "b@gone:sf", "gone", peak_demand_cores=1.2),
+    )
+    plan = get_strategy("liu", scale_in=False).plan(_cluster(nodes, insts))
+    assert plan.feasible
+    assert [(m.instance, m.to_node) for m in plan.moves] == [("b/agg/0", "n0")]
+    assert any(
+        r.startswith("no node has room for the peak of stateful instance(s) b/agg/0")
+        for r in plan.reasons
+    ), plan.reasons
+
+
+def test_liu_first_placement_keeps_room_for_stateful_peaks_and_packs_stateless():
+    nodes = tuple(Node(f"n{k}", 2.0) for k in range(3))
+    insts = (
+        Instance("a", "agg", 0, 0.5, True, peak_demand_cores=1.5),
+        Instance("a", "agg", 1, 0.5, True, peak_demand_cores=1.5),
+        Instance("a", "src", 0, 0.3, False, peak_demand_cores=1.5),
+        Instance("a", "src", 1, 0.3, False, peak_demand_cores=1.5),
+    )
+    plan = get_strategy("liu").plan(ClusterState(nodes, insts, (), {"a": (("src", "agg"),)}))
+    node = {i: n for i, (_, n) in plan.assignment.items()}
+    assert node["a/agg/0"] != node["a/agg/1"]  # 3.0 cores of peaks: not on one node
+    assert node["a/src/0"] == node["a/src/1"]  # stateless instances pack by demand
+    assert plan.nodes_used == 2
+    flat = ClusterState(nodes, tuple(replace(i, peak_demand_cores=None) for i in insts), (), {})
+    assert get_strategy("liu").plan(flat).nodes_used == 1
+
+
+def test_liu_scale_in_keeps_stateful_workers_apart_when_their_peaks_do_not_fit_together():
+    nodes = (Node("n0", 2.0), Node("n1", 2.0))
+    insts = (
+        Instance("a", "agg", 0, 0.3, True, "a@n0:sf", "n0", peak_demand_cores=1.5),
+        Instance("a", "agg", 1, 0.3, True, "a@n1:sf", "n1", peak_demand_cores=1.5),
+    )
+    liu = get_strategy("liu", scale_in_patience=1)
+    for _ in range(3):
+        plan = liu.plan(_cluster(nodes, insts))
+        assert plan.moves == () and plan.nodes_used == 2
+    # Peaks that fit together: the node empties.
+    low = tuple(replace(i, peak_demand_cores=0.9) for i in insts)
+    assert get_strategy("liu", scale_in_patience=1).plan(_cluster(nodes, low)).nodes_used == 1

@@ -17,7 +17,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.placement.model import (
     EPSILON_CORES,
@@ -367,15 +367,7 @@ def apply_plan(state: ClusterState, plan: Plan, **changes) -> ClusterState:
     built from the returned state).
     """
     instances = tuple(
-        Instance(
-            i.app,
-            i.operator,
-            i.index,
-            i.demand_cores,
-            i.stateful,
-            plan.assignment[i.id][0],
-            plan.assignment[i.id][1],
-        )
+        replace(i, worker=plan.assignment[i.id][0], node=plan.assignment[i.id][1])
         for i in state.instances
     )
     fields = {

@@ -19,6 +19,13 @@ moving stateless instances never restarts stateful ones. Per epoch:
    instance actually needs it. An instance whose own worker was disrupted
    stays on its node while that node has room: the worker restarts either
    way, and staying saves a network hop.
+
+   A stateful instance goes through the tiers first looking only at nodes
+   whose stateful workers, it included, keep room for their peaks
+   (:attr:`Instance.peak_cores`, the most each needed lately), and settles
+   for room for its demand now only if no node has that. A stateful worker
+   that outgrows its node must carry its state elsewhere; a stateless one
+   only restarts, so stateless instances pack by their demand now.
 3. *Scale in* (Alg. 3). Repeatedly empty a node by moving each of its
    workers, whole, to one other node (nodes with least remaining room first);
    a node is emptied only if every worker finds a target. Emptying a node that
@@ -34,7 +41,9 @@ moving stateless instances never restarts stateful ones. Per epoch:
      cost a state migration;
    - a worker goes first where no further worker is disrupted (a node without
      a worker of its app and kind, or whose one is restarting anyway, as in
-     Alg. 2), and is merged into an existing worker only otherwise;
+     Alg. 2), and is merged into an existing worker only otherwise; a
+     stateful worker goes only where the stateful workers keep room for
+     their peaks, so a node emptied in a lull is not needed at the next peak;
    - a node waiting to be emptied is a target of last resort: nothing from
      a node holding a stateful worker goes there (its state would move
      twice); the workers of a stateless-only node go there only when the other
@@ -117,6 +126,9 @@ class _Layout:
         self._load = dict.fromkeys(self.state.node_ids, 0.0)
         self._worker_load: dict[tuple[str, WorkerSlot], float] = defaultdict(float)
         self._stateful_load = dict.fromkeys(self.state.node_ids, 0.0)
+        self.peak = {i.id: i.peak_cores for i in self.state.instances}
+        self._stateful_peak = dict.fromkeys(self.state.node_ids, 0.0)
+        self._worker_peak: dict[tuple[str, WorkerSlot], float] = defaultdict(float)
         self._capacity = {
             n: self.state.capacity(n, self.headroom_cores) for n in self.state.node_ids
         }
@@ -132,6 +144,16 @@ class _Layout:
 
     def stateful_load(self, node: str) -> float:
         return self._stateful_load[node]
+
+    def stateful_peak(self, node: str) -> float:
+        return self._stateful_peak[node]
+
+    def stateful_peak_room(self, node: str) -> float:
+        """Capacity left once the node's stateful workers reach their peaks."""
+        return self._capacity[node] - self._stateful_peak[node]
+
+    def worker_peak(self, node: str, slot: WorkerSlot) -> float:
+        return self._worker_peak.get((node, slot), 0.0)
 
     def worker_demand(self, node: str, slot: WorkerSlot) -> float:
         return self._worker_load.get((node, slot), 0.0)
@@ -152,17 +174,22 @@ class _Layout:
             self._worker_load[(node, slot)] += d
             if inst.stateful:
                 self._stateful_load[node] += d
+                self._stateful_peak[node] += self.peak[inst.id]
+                self._worker_peak[(node, slot)] += self.peak[inst.id]
 
     def take_worker(self, node: str, slot: WorkerSlot) -> set[str]:
         insts = self.members[node].pop(slot, set())
         demand = self._worker_load.pop((node, slot), 0.0)
         self._load[node] -= demand
+        peak = self._worker_peak.pop((node, slot), 0.0)
         if slot[1]:
             self._stateful_load[node] -= demand
+            self._stateful_peak[node] -= peak
         if not any(self.members[node].values()):
             self._load[node] = 0.0  # no float residue on an emptied node
         if not any(members for (_, sf), members in self.members[node].items() if sf):
             self._stateful_load[node] = 0.0
+            self._stateful_peak[node] = 0.0
         self.usable.add((node, slot))
         return insts
 
@@ -356,53 +383,50 @@ class LiuStrategy(PlacementStrategy):
         unplaced: list[str] = []
         opened: list[str] = []
         extra: list[str] = []
+        short_of_peak: list[str] = []
         for inst in bfs_instances(layout.state, displaced):
             slot = (inst.app, inst.stateful)
 
             def zero_affected(n: str, slot: WorkerSlot = slot) -> bool:
                 return (n, slot) in layout.usable or not layout.members[n].get(slot)
 
-            target = None
             own = home.get(inst.id)
-            if own in layout.members and (own, slot) in layout.usable:
-                if fits(layout.free(own), inst.demand_cores):
-                    target = own
-            if target is None:
+            target, tier = None, ""
+            # A stateful instance first looks for a node whose stateful workers
+            # keep room for their peaks with it; only if none has that room
+            # (even unused) does it settle for room for its demand now.
+            for strict in (True, False) if inst.stateful else (False,):
+
+                def room(n: str, inst: Instance = inst, strict: bool = strict) -> bool:
+                    return fits(layout.free(n), inst.demand_cores) and (
+                        not strict or fits(layout.stateful_peak_room(n), inst.peak_cores)
+                    )
+
+                if own in layout.members and (own, slot) in layout.usable and room(own):
+                    target, tier = own, "own"
+                    break
+                open_nodes = [n for n in nodes if n in used_before or n in opened]
+                target = next((n for n in open_nodes if zero_affected(n) and room(n)), None)
+                if target is not None:
+                    tier = "zero"
+                    break
+                target = next((n for n in open_nodes if room(n)), None)
+                if target is not None:
+                    tier = "one"
+                    break
                 target = next(
-                    (
-                        n
-                        for n in nodes
-                        if (n in used_before or n in opened)
-                        and zero_affected(n)
-                        and fits(layout.free(n), inst.demand_cores)
-                    ),
-                    None,
-                )
-            if target is None:
-                target = next(
-                    (
-                        n
-                        for n in nodes
-                        if (n in used_before or n in opened)
-                        and fits(layout.free(n), inst.demand_cores)
-                    ),
+                    (n for n in nodes if n not in used_before and n not in opened and room(n)),
                     None,
                 )
                 if target is not None:
-                    extra.append(f"{inst.app}:{_label(inst.stateful)}@{target}")
-            if target is None:
-                target = next(
-                    (
-                        n
-                        for n in nodes
-                        if n not in used_before
-                        and n not in opened
-                        and fits(layout.free(n), inst.demand_cores)
-                    ),
-                    None,
-                )
-                if target is not None:
-                    opened.append(target)
+                    tier = "free"
+                    break
+            if target is not None and inst.stateful and not strict:
+                short_of_peak.append(inst.id)
+            if tier == "one":
+                extra.append(f"{inst.app}:{_label(inst.stateful)}@{target}")
+            elif tier == "free":
+                opened.append(target)
             if target is None:
                 unplaced.append(inst.id)
                 continue
@@ -418,6 +442,12 @@ class LiuStrategy(PlacementStrategy):
             )
         if opened:
             reasons.append("scaled out to unused node(s): " + ", ".join(opened))
+        if short_of_peak:
+            reasons.append(
+                "no node has room for the peak of stateful instance(s) "
+                + ", ".join(short_of_peak)
+                + "; placed where their demand now fits"
+            )
         return unplaced
 
     def _repack(
@@ -480,12 +510,19 @@ class LiuStrategy(PlacementStrategy):
         """
         by_room = sorted(others, key=lambda n: (layout.free(n), layout.state.node_index[n]))
         free = {n: layout.free(n) for n in others}
+        peak_room = {n: layout.stateful_peak_room(n) for n in others}
         targets: dict[WorkerSlot, str] = {}
         for slot in sorted(
             layout.slots(victim), key=lambda s: (-layout.worker_demand(victim, s), s)
         ):
             need = layout.worker_demand(victim, slot)
-            roomy = [n for n in by_room if fits(free[n], need)]
+            peak = layout.worker_peak(victim, slot)
+            # A stateful worker goes only where stateful workers keep room for their peaks.
+            roomy = [
+                n
+                for n in by_room
+                if fits(free[n], need) and (not slot[1] or fits(peak_room[n], peak))
+            ]
             target = next(
                 (n for n in roomy if (n, slot) in layout.usable or not layout.members[n].get(slot)),
                 roomy[0] if roomy else None,
@@ -494,6 +531,7 @@ class LiuStrategy(PlacementStrategy):
                 return None
             targets[slot] = target
             free[target] -= need
+            peak_room[target] -= peak
         return targets
 
     def _stateful_room(self, layout: _Layout, node: str) -> bool:

@@ -93,6 +93,7 @@ class Instance:
     stateful: bool
     worker: str | None = None
     node: str | None = None
+    peak_demand_cores: float | None = None
 
     def __post_init__(self) -> None:
         check_name("app", self.app)
@@ -110,6 +111,12 @@ class Instance:
             raise ValueError(
                 f"stateful of instance {self.id} must be a bool, got {self.stateful!r}"
             )
+        if self.peak_demand_cores is not None:
+            object.__setattr__(
+                self,
+                "peak_demand_cores",
+                _check_cores("peak_demand_cores", f"instance {self.id}", self.peak_demand_cores),
+            )
         if (self.worker is None) != (self.node is None):
             raise ValueError(
                 f"worker and node of instance {self.id} must be both set or both None, "
@@ -119,6 +126,13 @@ class Instance:
     @property
     def id(self) -> str:
         return instance_id(self.app, self.operator, self.index)
+
+    @property
+    def peak_cores(self) -> float:
+        """The most this instance is expected to need soon: its peak, never below its demand."""
+        if self.peak_demand_cores is None:
+            return self.demand_cores
+        return max(self.demand_cores, self.peak_demand_cores)
 
 
 Edge = tuple[str, str]

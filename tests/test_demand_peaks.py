@@ -1,0 +1,200 @@
+"""Peak demand: DemandPeaks keeps each instance's highest demand over the last
+epochs, build_cluster_state hands a row's peak to its Instance, and
+Instance.peak_cores never falls below the demand now."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from controller.placement import Instance
+from controller.placement_stage import DemandPeaks, build_cluster_state
+
+
+def _row(demand, app="wc", operator="count", instance=0, **extra) -> dict:
+    return {"app": app, "operator": operator, "instance": instance, "demand_cores": demand, **extra}
+
+
+# --- DemandPeaks -------------------------------------------------------------
+
+
+def test_the_peak_is_the_max_over_exactly_the_last_window_observations():
+    peaks = DemandPeaks(3)
+    demands = [0.2, 0.9, 0.1, 0.3, 0.4, 0.1, 0.05, 0.6]
+    seen = []
+    for demand in demands:
+        seen.append(demand)
+        got = peaks.observe([_row(demand)])
+        assert got == {"wc/count/0": max(seen[-3:])}, seen
+
+
+def test_an_old_high_value_drops_out_after_window_more_epochs():
+    peaks = DemandPeaks(4)
+    assert peaks.observe([_row(2.0)]) == {"wc/count/0": 2.0}
+    # Still inside the window for three more epochs...
+    for _ in range(3):
+        assert peaks.observe([_row(0.5)]) == {"wc/count/0": 2.0}
+    # ...and gone on the fourth.
+    assert peaks.observe([_row(0.5)]) == {"wc/count/0": 0.5}
+
+
+def test_a_window_of_one_is_the_demand_now():
+    peaks = DemandPeaks(1)
+    for demand in (0.7, 0.2, 0.4):
+        assert peaks.observe([_row(demand)]) == {"wc/count/0": demand}
+
+
+def test_instances_keep_separate_windows():
+    peaks = DemandPeaks(2)
+    peaks.observe([_row(1.0, instance=0), _row(0.1, instance=1)])
+    got = peaks.observe([_row(0.2, instance=0), _row(0.3, instance=1)])
+    assert got == {"wc/count/0": 1.0, "wc/count/1": 0.3}
+
+
+@pytest.mark.parametrize(
+    ("peak_seconds", "slot_seconds", "window"),
+    [
+        (300.0, 10.0, 30),
+        (0.0, 10.0, 1),
+        (25.0, 10.0, 3),
+        (5.0, 10.0, 1),
+        (14.0, 10.0, 2),
+        # Float quotients a hair off a whole number: 2.9999999999999996 and
+        # 3.0000000000000004 epochs are both 3.
+        (0.3, 0.1, 3),
+        (2.1, 0.7, 3),
+    ],
+)
+def test_for_slot_covers_the_seconds_in_whole_epochs(peak_seconds, slot_seconds, window):
+    assert DemandPeaks.for_slot(peak_seconds, slot_seconds).window == window
+
+
+def test_an_instance_absent_from_one_observe_is_forgotten_and_starts_afresh():
+    peaks = DemandPeaks(5)
+    peaks.observe([_row(3.0), _row(0.1, instance=1)])
+    # wc/count/0 misses one epoch.
+    assert peaks.observe([_row(0.1, instance=1)]) == {"wc/count/1": 0.1}
+    # Back again: its 3.0 from before the gap is no longer its peak.
+    assert peaks.observe([_row(0.2), _row(0.1, instance=1)]) == {
+        "wc/count/0": 0.2,
+        "wc/count/1": 0.1,
+    }
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"operator": "count", "instance": 0, "demand_cores": 5.0},  # no app
+        {"app": "wc", "instance": 0, "demand_cores": 5.0},  # no operator
+        {"app": "wc", "operator": "count", "demand_cores": 5.0},  # no instance
+        {"app": "wc", "operator": "count", "instance": 0},  # no demand
+        _row(None),
+        _row("abc"),
+        _row(math.nan),
+        _row(math.inf),
+        _row(-math.inf),
+        _row(-0.5),
+    ],
+    ids=[
+        "no-app",
+        "no-operator",
+        "no-instance",
+        "no-demand",
+        "none",
+        "abc",
+        "nan",
+        "inf",
+        "-inf",
+        "negative",
+    ],
+)
+def test_bad_rows_are_skipped_without_disturbing_the_others(bad):
+    peaks = DemandPeaks(3)
+    good = _row(0.4, operator="split")
+    assert peaks.observe([good, bad, _row(0.2, operator="source")]) == {
+        "wc/split/0": 0.4,
+        "wc/source/0": 0.2,
+    }
+    # The bad row left nothing behind: a good row for wc/count/0 starts afresh.
+    assert peaks.observe([good, bad, _row(0.1)]) == {
+        "wc/split/0": 0.4,
+        "wc/count/0": 0.1,
+    }
+
+
+def test_a_bad_demand_does_not_enter_an_instances_window():
+    peaks = DemandPeaks(3)
+    peaks.observe([_row(0.3)])
+    for bad in (math.inf, -1.0):
+        peaks.observe([_row(0.3), _row(bad, instance=1)])
+    assert peaks.observe([_row(0.2), _row(0.1, instance=1)]) == {
+        "wc/count/0": 0.3,
+        "wc/count/1": 0.1,
+    }
+
+
+def test_one_bad_demand_keeps_the_window_the_instance_had():
+    peaks = DemandPeaks(5)
+    peaks.observe([_row(3.0)])
+    assert peaks.observe([_row(math.nan)]) == {}
+    assert peaks.observe([_row(0.1)]) == {"wc/count/0": 3.0}
+
+
+@pytest.mark.parametrize("window", [0, -1, True, 2.5, "3", None])
+def test_a_bad_window_names_window(window):
+    with pytest.raises(ValueError, match="window"):
+        DemandPeaks(window)
+
+
+# --- build_cluster_state -----------------------------------------------------
+
+
+def _record(*rows) -> dict:
+    return {"instances": list(rows)}
+
+
+CURRENT = {"wc/count/0": ("wc@n1:sf", True), "wc/split/0": ("wc@n1:sl", False)}
+
+
+def _state_of(*rows):
+    return build_cluster_state(_record(*rows), {"n1": 2.0}, CURRENT)
+
+
+def test_a_rows_peak_reaches_the_instance():
+    state = _state_of(
+        _row(0.3, node="n1", peak_demand_cores=0.8),
+        _row(0.2, operator="split", node="n1", peak_demand_cores=0),
+    )
+    by_id = {i.id: i for i in state.instances}
+    assert by_id["wc/count/0"].peak_demand_cores == 0.8
+    assert by_id["wc/count/0"].peak_cores == 0.8
+    assert by_id["wc/split/0"].peak_demand_cores == 0.0
+    assert by_id["wc/split/0"].peak_cores == 0.2
+
+
+def test_rows_without_a_peak_give_none():
+    state = _state_of(_row(0.3, node="n1"), _row(0.2, operator="split", node="n1"))
+    assert [i.peak_demand_cores for i in state.instances] == [None, None]
+    assert [i.peak_cores for i in state.instances] == [0.3, 0.2]
+
+
+@pytest.mark.parametrize("peak", [-0.1, math.nan, math.inf, "0.8", True])
+def test_a_bad_peak_names_peak_demand_cores(peak):
+    with pytest.raises(ValueError, match="peak_demand_cores of instance wc/count/0"):
+        _state_of(_row(0.3, node="n1", peak_demand_cores=peak))
+
+
+# --- Instance ----------------------------------------------------------------
+
+
+def test_peak_cores_is_never_below_the_demand_now():
+    assert Instance("wc", "count", 0, 0.5, True, peak_demand_cores=0.2).peak_cores == 0.5
+    assert Instance("wc", "count", 0, 0.5, True).peak_cores == 0.5
+    assert Instance("wc", "count", 0, 0.5, True, peak_demand_cores=0.9).peak_cores == 0.9
+
+
+@pytest.mark.parametrize("peak", [-1.0, math.nan, "x"])
+def test_a_bad_peak_on_an_instance_names_peak_demand_cores(peak):
+    with pytest.raises(ValueError, match="peak_demand_cores of instance wc/count/0"):
+        Instance("wc", "count", 0, 0.5, True, peak_demand_cores=peak)

@@ -236,18 +236,7 @@ def _with_placement(demands: ClusterState, placed: ClusterState) -> ClusterState
     where = {i.id: (i.worker, i.node) for i in placed.instances}
     return ClusterState(
         demands.nodes,
-        tuple(
-            Instance(
-                i.app,
-                i.operator,
-                i.index,
-                i.demand_cores,
-                i.stateful,
-                *where[i.id],
-                peak_demand_cores=i.peak_demand_cores,
-            )
-            for i in demands.instances
-        ),
+        tuple(replace(i, worker=where[i.id][0], node=where[i.id][1]) for i in demands.instances),
         placed.workers,
         demands.dags,
         demands.traffic,

@@ -126,7 +126,6 @@ class _Layout:
         self._load = dict.fromkeys(self.state.node_ids, 0.0)
         self._worker_load: dict[tuple[str, WorkerSlot], float] = defaultdict(float)
         self._stateful_load = dict.fromkeys(self.state.node_ids, 0.0)
-        self.peak = {i.id: i.peak_cores for i in self.state.instances}
         self._stateful_peak = dict.fromkeys(self.state.node_ids, 0.0)
         self._worker_peak: dict[tuple[str, WorkerSlot], float] = defaultdict(float)
         self._capacity = {
@@ -144,9 +143,6 @@ class _Layout:
 
     def stateful_load(self, node: str) -> float:
         return self._stateful_load[node]
-
-    def stateful_peak(self, node: str) -> float:
-        return self._stateful_peak[node]
 
     def stateful_peak_room(self, node: str) -> float:
         """Capacity left once the node's stateful workers reach their peaks."""
@@ -174,8 +170,8 @@ class _Layout:
             self._worker_load[(node, slot)] += d
             if inst.stateful:
                 self._stateful_load[node] += d
-                self._stateful_peak[node] += self.peak[inst.id]
-                self._worker_peak[(node, slot)] += self.peak[inst.id]
+                self._stateful_peak[node] += inst.peak_cores
+                self._worker_peak[(node, slot)] += inst.peak_cores
 
     def take_worker(self, node: str, slot: WorkerSlot) -> set[str]:
         insts = self.members[node].pop(slot, set())
@@ -386,40 +382,14 @@ class LiuStrategy(PlacementStrategy):
         short_of_peak: list[str] = []
         for inst in bfs_instances(layout.state, displaced):
             slot = (inst.app, inst.stateful)
-
-            def zero_affected(n: str, slot: WorkerSlot = slot) -> bool:
-                return (n, slot) in layout.usable or not layout.members[n].get(slot)
-
-            own = home.get(inst.id)
-            target, tier = None, ""
             # A stateful instance first looks for a node whose stateful workers
             # keep room for their peaks with it; only if none has that room
             # (even unused) does it settle for room for its demand now.
             for strict in (True, False) if inst.stateful else (False,):
-
-                def room(n: str, inst: Instance = inst, strict: bool = strict) -> bool:
-                    return fits(layout.free(n), inst.demand_cores) and (
-                        not strict or fits(layout.stateful_peak_room(n), inst.peak_cores)
-                    )
-
-                if own in layout.members and (own, slot) in layout.usable and room(own):
-                    target, tier = own, "own"
-                    break
-                open_nodes = [n for n in nodes if n in used_before or n in opened]
-                target = next((n for n in open_nodes if zero_affected(n) and room(n)), None)
-                if target is not None:
-                    tier = "zero"
-                    break
-                target = next((n for n in open_nodes if room(n)), None)
-                if target is not None:
-                    tier = "one"
-                    break
-                target = next(
-                    (n for n in nodes if n not in used_before and n not in opened and room(n)),
-                    None,
+                target, tier = self._target(
+                    layout, inst, home.get(inst.id), used_before, opened, strict
                 )
                 if target is not None:
-                    tier = "free"
                     break
             if target is not None and inst.stateful and not strict:
                 short_of_peak.append(inst.id)
@@ -449,6 +419,44 @@ class LiuStrategy(PlacementStrategy):
                 + "; placed where their demand now fits"
             )
         return unplaced
+
+    @staticmethod
+    def _target(
+        layout: _Layout,
+        inst: Instance,
+        own: str | None,
+        used_before: set[str],
+        opened: list[str],
+        strict: bool,
+    ) -> tuple[str | None, str]:
+        """The first node with room for ``inst`` by Alg. 2's tiers, and the tier.
+
+        Tiers: its own node when its worker there is disrupted anyway, a node
+        where no extra worker is disrupted, one where one more is, an unused
+        node. ``strict``: room for the instance's peak among the node's
+        stateful workers too.
+        """
+        slot = (inst.app, inst.stateful)
+
+        def room(n: str) -> bool:
+            return fits(layout.free(n), inst.demand_cores) and (
+                not strict or fits(layout.stateful_peak_room(n), inst.peak_cores)
+            )
+
+        def in_use(n: str) -> bool:
+            return n in used_before or n in opened
+
+        def zero_affected(n: str) -> bool:
+            return in_use(n) and ((n, slot) in layout.usable or not layout.members[n].get(slot))
+
+        if own in layout.members and (own, slot) in layout.usable and room(own):
+            return own, "own"
+        tiers = (("zero", zero_affected), ("one", in_use), ("free", lambda n: not in_use(n)))
+        for tier, eligible in tiers:
+            target = next((n for n in layout.state.node_ids if eligible(n) and room(n)), None)
+            if target is not None:
+                return target, tier
+        return None, ""
 
     def _repack(
         self, state: ClusterState, headroom_cores: float

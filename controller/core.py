@@ -32,7 +32,6 @@ from controller.hysteresis import HysteresisState
 from controller.metrics import ControllerMetrics
 from controller.migration import LogOnlyMoveActuator, get_move_actuator
 from controller.model import InstanceKey, OperatorKey
-from controller.placement.model import instance_id
 from controller.placement_stage import (
     DemandPeaks,
     build_strategy,
@@ -428,11 +427,7 @@ class Controller:
         if self._placer is None:
             return {"planned": False}
         # Every epoch, planned or not, so a peak covers consecutive epochs.
-        peaks = self._peaks.observe(record["instances"])
-        for row in record["instances"]:
-            peak = peaks.get(instance_id(row["app"], row["operator"], row["instance"]))
-            if peak is not None:
-                row["peak_demand_cores"] = peak
+        self._peaks.annotate(record["instances"])
         done, self._placement_done = self._placement_done, None
         busy = self._placement_job is not None and not self._placement_job.done()
         settling = [] if busy else self._still_settling(record)

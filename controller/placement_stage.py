@@ -103,7 +103,16 @@ class DemandPeaks:
         planner's input check names them): a bad demand does not enter the
         window, and the instance keeps the window it had.
         """
-        peaks: dict[str, float] = {}
+        return {iid: peak for _, iid, peak in self._record(rows)}
+
+    def annotate(self, rows: Sequence[dict[str, Any]]) -> None:
+        """:meth:`observe`, writing each peak into its row as ``peak_demand_cores``."""
+        for row, _, peak in self._record(rows):
+            row["peak_demand_cores"] = peak
+
+    def _record(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[Any, str, float]]:
+        """(row, instance id, peak) for every row with a good demand."""
+        out: list[tuple[Any, str, float]] = []
         present: set[str] = set()
         for row in rows:
             try:
@@ -121,10 +130,10 @@ class DemandPeaks:
             if seen is None:
                 seen = self._demands[iid] = deque(maxlen=self.window)
             seen.append(demand)
-            peaks[iid] = max(seen)
+            out.append((row, iid, max(seen)))
         for iid in set(self._demands) - present:
             del self._demands[iid]
-        return peaks
+        return out
 
 
 def build_cluster_state(

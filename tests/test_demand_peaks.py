@@ -198,3 +198,12 @@ def test_peak_cores_is_never_below_the_demand_now():
 def test_a_bad_peak_on_an_instance_names_peak_demand_cores(peak):
     with pytest.raises(ValueError, match="peak_demand_cores of instance wc/count/0"):
         Instance("wc", "count", 0, 0.5, True, peak_demand_cores=peak)
+
+
+def test_annotate_writes_the_peak_into_good_rows_only():
+    peaks = DemandPeaks(3)
+    peaks.annotate([_row(0.9), _row(0.2, instance=1)])
+    rows = [_row(0.4), _row(math.nan, instance=1)]
+    peaks.annotate(rows)
+    assert rows[0]["peak_demand_cores"] == 0.9
+    assert "peak_demand_cores" not in rows[1]

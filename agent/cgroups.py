@@ -4,7 +4,9 @@ Layout (both versions)::
 
     <mount>/<cgroup_root>/<app>/<worker>/<operator>-<instance>
 
-Backends, chosen by name (``v1``, ``v2``, ``none``) or detected (``auto``):
+Backends are chosen by the ``cgroup_mode`` key through :data:`BACKENDS`, a
+:class:`dsched.registry.Registry`: ``v1``, ``v2``, or ``auto`` (the default),
+which detects one; dry-run and a node without a writable controller get ``none``:
 
 - ``v1``: the ``cpu`` hierarchy through cgroupspy; TIDs go into ``tasks``, the
   cap into ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``.
@@ -27,14 +29,16 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from cgroupspy.controllers import CpuController
 from cgroupspy.nodes import Node
 
-from agent.registry import InstanceKey
+from dsched.ids import InstanceKey
 from dsched.names import InvalidName, check_name
+from dsched.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +114,13 @@ class CgroupTree:
 
     mode = "none"
 
-    def __init__(self, mount: str | Path, root_name: str, period_us: int = 100_000):
+    def __init__(self, mount: str | Path, root_name: str, period_us: int = 100_000, why: str = ""):
         check_name("cgroup_root", root_name)
         self.mount = Path(mount)
         self.root = self.mount / root_name
         self.period_us = period_us
+        # One line for the log: why enforcement works the way it does on this node.
+        self.why = why or f"cgroup {self.mode} at {self.mount}"
 
     def instance_path(self, key: InstanceKey, worker: str) -> Path:
         for kind, value in (("app", key.app), ("worker", worker), ("operator", key.operator)):
@@ -383,8 +389,9 @@ class NoCgroups(CgroupTree):
         mount: str | Path = "/nonexistent",
         root_name: str = "dsched",
         period_us: int = 100_000,
+        why: str = "no enforcement",
     ):
-        super().__init__(mount, root_name, period_us)
+        super().__init__(mount, root_name, period_us, why)
         self._caps: dict[Path, float | None] = {}
 
     def create(self, key: InstanceKey, worker: str, pid: int) -> Path:
@@ -416,8 +423,23 @@ class NoCgroups(CgroupTree):
         return []
 
 
-BACKENDS: dict[str, type[CgroupTree]] = {"v1": CgroupV1, "v2": CgroupV2, "none": NoCgroups}
 DEFAULT_MOUNTS = {"v1": "/sys/fs/cgroup/cpu", "v2": "/sys/fs/cgroup"}
+
+# cgroup_mode -> factory(mount, root_name, period_us); an empty mount means the
+# kernel's usual place for that mode.
+BACKENDS: Registry[CgroupTree] = Registry("cgroup backend", "cgroup_mode")
+
+
+def _configured(cls: type[CgroupTree]) -> Callable[[str, str, int], CgroupTree]:
+    def make(mount: str, root_name: str, period_us: int) -> CgroupTree:
+        mount = mount or DEFAULT_MOUNTS[cls.mode]
+        return cls(mount, root_name, period_us, why=f"cgroup {cls.mode} configured at {mount}")
+
+    return make
+
+
+BACKENDS.add("v1", _configured(CgroupV1))
+BACKENDS.add("v2", _configured(CgroupV2))
 
 
 def _is_v1_cpu(mount: Path) -> bool:
@@ -448,19 +470,28 @@ def detect_mode(mount: str = "") -> tuple[str, str, str]:
     return "none", "", f"no cgroup cpu controller found at {where}"
 
 
+@BACKENDS.register("auto")
+def detect_backend(mount: str, root_name: str, period_us: int) -> CgroupTree:
+    """The backend of the controller found at ``mount`` (or the usual places), else none."""
+    mode, found, why = detect_mode(mount)
+    if mode == "none":
+        return NoCgroups(found or "/nonexistent", root_name, period_us, why=why)
+    backend = BACKENDS.create(mode, found, root_name, period_us)
+    backend.why = why
+    return backend
+
+
 def make_backend(
     mode: str, mount: str, root_name: str, period_us: int, dry_run: bool
 ) -> tuple[CgroupTree, str]:
-    """The backend for config values; returns (backend, one line saying why)."""
+    """The backend for config values; returns (backend, one line saying why).
+
+    An unknown ``mode`` is a :class:`dsched.registry.UnknownPlugin` naming ``cgroup_mode``.
+    """
     if dry_run:
-        return NoCgroups(
-            mount or "/nonexistent", root_name, period_us
-        ), "dry-run: no cgroup is written"
-    if mode == "auto":
-        mode, mount, why = detect_mode(mount)
+        backend: CgroupTree = NoCgroups(
+            mount or "/nonexistent", root_name, period_us, why="dry-run: no cgroup is written"
+        )
     else:
-        mount = mount or DEFAULT_MOUNTS[mode]
-        why = f"cgroup {mode} configured at {mount}"
-    if mode == "none":
-        return NoCgroups(mount or "/nonexistent", root_name, period_us), why
-    return BACKENDS[mode](mount, root_name, period_us), why
+        backend = BACKENDS.create(mode, mount, root_name, period_us)
+    return backend, backend.why

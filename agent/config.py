@@ -11,39 +11,25 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.cgroups import BACKENDS
+from agent.lease import FALLBACK_POLICIES
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
 from dsched.names import InvalidName, check_name
+from dsched.tls import TlsConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/dsched/agent.toml")
-CGROUP_MODES = ("auto", "v1", "v2")
-FALLBACK_POLICIES = ("hold", "release")
-DEFAULT_V1_MOUNT = "/sys/fs/cgroup/cpu"
-DEFAULT_V2_MOUNT = "/sys/fs/cgroup"
 
 
-@dataclass
-class TlsConfig:
-    """Client TLS towards the controller; all three empty means plaintext."""
+class ClientTls(TlsConfig):
+    """The agent's ``[tls]`` table: :class:`dsched.tls.TlsConfig` checked as a client.
 
-    ca: str = ""
-    cert: str = ""
-    key: str = ""
+    ``load_config`` validates a nested table with its own ``validate()``, whose
+    default role is the server's; as a server's, an agent's CA-only table would
+    be refused under ``tls.cert``.
+    """
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.ca or self.cert or self.key)
-
-    def validate(self) -> None:
-        require(
-            bool(self.cert) == bool(self.key), "tls.cert", "cert and key must be given together"
-        )
-        if self.enabled:
-            require(bool(self.ca), "tls.ca", "a CA file is required when TLS is configured")
-        for name in ("ca", "cert", "key"):
-            value = getattr(self, name)
-            require(
-                not value or Path(value).is_file(), f"tls.{name}", f"file {value} does not exist"
-            )
+    def validate(self, role: str = "client") -> None:
+        super().validate(role)
 
 
 @dataclass
@@ -102,7 +88,8 @@ class AgentConfig:
     capacity_cores: float = 0.0
     resctrl_mount: str = "/sys/fs/resctrl"
     proc_root: str = "/proc"
-    tls: TlsConfig = field(default_factory=TlsConfig)
+    # Any TlsConfig works when built in code; the annotation makes a loaded table a client one.
+    tls: ClientTls = field(default_factory=ClientTls)
     allow_plaintext_remote: bool = False
     discovery: list[DiscoveryRule] = field(default_factory=list)
     discovery_seconds: float = 10.0
@@ -118,9 +105,7 @@ class AgentConfig:
             check_name("cgroup_root", self.cgroup_root)
         except InvalidName as exc:
             raise ConfigError("cgroup_root", str(exc)) from None
-        require(
-            self.cgroup_mode in CGROUP_MODES, "cgroup_mode", f"one of {', '.join(CGROUP_MODES)}"
-        )
+        BACKENDS.check(self.cgroup_mode)
         require(
             self.fallback in FALLBACK_POLICIES, "fallback", f"one of {', '.join(FALLBACK_POLICIES)}"
         )
@@ -140,7 +125,7 @@ class AgentConfig:
         )
         require(self.discovery_seconds > 0, "discovery_seconds", "must be > 0")
         require(self.capacity_cores >= 0, "capacity_cores", "must be >= 0 (0 = all CPUs)")
-        self.tls.validate()
+        self.tls.validate("client")
         require(
             self.tls.enabled or is_loopback(host) or self.allow_plaintext_remote,
             "controller",

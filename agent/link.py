@@ -14,13 +14,12 @@ import random
 import threading
 from collections import deque
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 
-from agent.config import TlsConfig
 from agent.metrics import AgentMetrics
 from agent.node import NodeAgent
+from dsched.tls import TlsConfig
 from dsched_pb import dsched_pb2 as pb
 from dsched_pb import dsched_pb2_grpc as pb_grpc
 
@@ -43,10 +42,9 @@ def make_channel(target: str, tls: TlsConfig) -> grpc.Channel:
     ]
     if not tls.enabled:
         return grpc.insecure_channel(target, options=options)
+    cert, key, ca = tls.read()
     creds = grpc.ssl_channel_credentials(
-        root_certificates=Path(tls.ca).read_bytes(),
-        private_key=Path(tls.key).read_bytes() if tls.key else None,
-        certificate_chain=Path(tls.cert).read_bytes() if tls.cert else None,
+        root_certificates=ca, private_key=key, certificate_chain=cert
     )
     return grpc.secure_channel(target, creds, options=options)
 

@@ -8,8 +8,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 
 from dsched.config import parse_hostport
+from dsched.ids import InstanceKey
 
 INSTANCE_LABELS = ("app", "operator", "instance", "worker")
+
+
+def instance_labels(key: InstanceKey, worker: str) -> tuple[str, str, str, str]:
+    """Label values of an instance's series, in :data:`INSTANCE_LABELS` order."""
+    return (key.app, key.operator, str(key.instance), worker)
+
 
 UsageSource = Callable[[], Iterable[tuple[tuple[str, str, str, str], float]]]
 

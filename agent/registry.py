@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+# InstanceKey is also imported from here by bench/ and testbed/.
+from dsched.ids import InstanceKey
 from dsched.names import InvalidName, check_name
 
 COUNTER_FIELDS = (
@@ -36,16 +38,6 @@ class RegistrationError(ValueError):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
         self.reason = reason
-
-
-@dataclass(frozen=True, order=True)
-class InstanceKey:
-    app: str
-    operator: str
-    instance: int
-
-    def __str__(self) -> str:
-        return f"{self.app}/{self.operator}/{self.instance}"
 
 
 class Counters(NamedTuple):
@@ -173,10 +165,10 @@ class Registry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # Only keys that passed make_key get in. A key is a tuple, so names as they
+        # arrive on the wire find their record directly: an exact-type hit needs
+        # no name check again.
         self._records: dict[InstanceKey, InstanceRecord] = {}
-        # The same records by names as they arrive on the wire. Only keys that
-        # passed make_key get in, so an exact-type hit needs no name check again.
-        self._by_name: dict[tuple[str, str, int], InstanceRecord] = {}
         self._threads = 0
         self._generation = 0
 
@@ -195,7 +187,7 @@ class Registry:
         """
         if type(app) is str and type(operator) is str and type(instance) is int:
             with self._lock:
-                rec = self._by_name.get((app, operator, instance))
+                rec = self._records.get((app, operator, instance))
                 if rec is not None:
                     rec.counters = check_counters(values, rec.counters)
                     return rec.counters
@@ -206,7 +198,7 @@ class Registry:
         ``operator``, ``instance`` and the counters. Returns the refused items as
         (index, error); the others are applied."""
         refused: list[tuple[int, RegistrationError]] = []
-        by_name, records = self._by_name, self._records
+        records = self._records
         with self._lock:
             for index, item in enumerate(items):
                 try:
@@ -219,7 +211,7 @@ class Registry:
                     )
                     rec = None
                     if type(app) is str and type(operator) is str and type(instance) is int:
-                        rec = by_name.get((app, operator, instance))
+                        rec = records.get((app, operator, instance))
                     if rec is None:
                         key = make_key(app, operator, instance)
                         rec = records.get(key)
@@ -272,7 +264,6 @@ class Registry:
                 self._threads -= len(rec.tids)
             rec = InstanceRecord(key, worker, stateful, pid, {tid}, source, upstream=upstream)
             self._records[key] = rec
-            self._by_name[(key.app, key.operator, key.instance)] = rec
             self._threads += 1
             self._generation += 1
             return _copy(rec)
@@ -291,7 +282,6 @@ class Registry:
         with self._lock:
             rec = self._records.pop(key, None)
             if rec is not None:
-                self._by_name.pop((key.app, key.operator, key.instance), None)
                 self._threads -= len(rec.tids)
                 self._generation += 1
             return rec

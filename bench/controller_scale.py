@@ -1,6 +1,6 @@
 """controller-scale: one control epoch's compute on a synthetic cluster, no network.
 
-Builds a ClusterState directly from synthetic NodeReports (WordCount-shaped
+Builds a ObservedCluster directly from synthetic NodeReports (WordCount-shaped
 chains, a quarter of the apps over-subscribed so the DP has to divide), warms
 the cached ARIMA state of every source, then times whole epochs of
 `Controller.run_epoch` with the decision record, and separately the division
@@ -25,7 +25,7 @@ from bench.common import write_result
 from controller.config import ControllerConfig
 from controller.core import Controller, tune_gc
 from controller.model import OperatorKey
-from controller.pipeline import SourceHistory
+from controller.stages.forecast import SourceHistory
 from dsched_pb import dsched_pb2 as pb
 from spark_stream.config import HistoryConfig
 
@@ -140,7 +140,7 @@ def measure(nodes: int, instances: int, apps: int, args) -> dict:
         # The long source history comes pre-filled (as the history store would
         # supply it); the first warm-up epoch fits every source's ARIMA once,
         # the timed epochs only advance the cached filters.
-        c.sources = SourceHistory(cfg.arima_history, fits_per_epoch=10**9, order=ARIMA_ORDER)
+        c.memory.sources = SourceHistory(cfg.arima_history, fits_per_epoch=10**9, order=ARIMA_ORDER)
         cluster = SyntheticCluster(c, nodes, instances, apps, args.cores)
         for _ in range(2):  # baselines, then the first slot: operators exist from here on
             clock[0] += 10.0
@@ -150,7 +150,7 @@ def measure(nodes: int, instances: int, apps: int, args) -> dict:
         for app, rate in cluster.rate.items():
             past = rate * (1 + 0.1 * np.sin(np.arange(args.history) / 3))
             past *= rng.normal(1, 0.03, args.history)
-            c.sources.series[OperatorKey(app, "source")] = deque(
+            c.memory.sources.series[OperatorKey(app, "source")] = deque(
                 past.tolist(), maxlen=cfg.arima_history
             )
         for _ in range(args.warmup):

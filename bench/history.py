@@ -100,10 +100,10 @@ def _cpu_seconds() -> float:
 
 
 def _backlog(spark, base: Path, args, slots: int, name: str) -> dict:
-    from controller.history import HistoryReader
-    from controller.spool import SpoolWriter
     from spark_stream import job
     from spark_stream.config import HistoryConfig
+    from spark_stream.reader import HistoryReader
+    from spark_stream.spool import SpoolWriter
 
     config = HistoryConfig.under(
         base / name, slot_seconds=args.slot_seconds, max_spool_bytes=1 << 40
@@ -142,10 +142,10 @@ def _backlog(spark, base: Path, args, slots: int, name: str) -> dict:
 
 
 def _delay(base: Path, args) -> dict:
-    from controller.history import HistoryReader
-    from controller.spool import SpoolWriter
     from spark_stream.config import HistoryConfig
     from spark_stream.embedded import EmbeddedHistory
+    from spark_stream.reader import HistoryReader
+    from spark_stream.spool import SpoolWriter
 
     config = HistoryConfig.under(
         base / "delay",

@@ -1,7 +1,8 @@
 """`dsched bench live`: the adaptive scheme's experiments on real threads and real caps.
 
 Reproduces the WordCount (regular and random rate) and HTTP monitor experiments
-of Liu et al. (seed 001, section V) on this machine: the same topology and the
+of Liu et al., "An Adaptive Online Scheme for Scheduling and Resource
+Enforcement in Storm" (section V), on this machine: the same topology and the
 same time-compressed trace are run once per contender, one after another:
 
 - ``dsched``: the real ``dsched-controller`` and ``dsched-agent`` (enforce mode)
@@ -335,7 +336,7 @@ def controller_config(scale: Scale, epoch_seconds: float) -> dict[str, Any]:
         # short enough to forget the level before the last change. ARIMA needs a
         # longer history than a benchmark run has.
         "phi": max(2, round(TREND_SECONDS / epoch_seconds)),
-        "arima": False,
+        "predictors": ["linear_trend", "dag"],
         "node_capacity_cores": {"local": scale.capacity_cores},
     }
 

@@ -40,9 +40,9 @@ from typing import Any
 from bench.common import write_result
 from controller.placement import (
     STRATEGIES,
-    ClusterState,
     Instance,
     Node,
+    PlacementInput,
     apply_plan,
     get_strategy,
 )
@@ -90,7 +90,7 @@ class _Operator:
 
 
 def _apps(rng: random.Random) -> dict[str, tuple[list[_Operator], tuple[tuple[str, str], ...]]]:
-    """WordCount, the HTTP monitor of Liu et al. (seeds/001 Fig. 5) and a random DAG."""
+    """WordCount, the HTTP monitor of Liu et al. (Fig. 5) and a random DAG."""
     wordcount = (
         [
             _Operator("spout", 2, False, 0.15),
@@ -152,7 +152,7 @@ def _history_curve(scenario: str, first: float, epochs: int, rng: random.Random)
 
 def scenario_states(
     scenario: str, seed: int, epochs: int = 6, nodes: int = 6, peak_epochs: int = 1
-) -> list[ClusterState]:
+) -> list[PlacementInput]:
     """The demands of each epoch as (unplaced) cluster states; same seed, same states.
 
     Each instance's peak is the most it needed over the last ``peak_epochs``
@@ -225,16 +225,16 @@ def scenario_states(
                     for r in by_op[down]:
                         traffic[(s.id, r.id)] = round(1000.0 * level / len(by_op[down]), 3)
         states.append(
-            ClusterState(
+            PlacementInput(
                 node_list, tuple(instances), (), {a: e for a, (_, e) in apps.items()}, traffic
             )
         )
     return states
 
 
-def _with_placement(demands: ClusterState, placed: ClusterState) -> ClusterState:
+def _with_placement(demands: PlacementInput, placed: PlacementInput) -> PlacementInput:
     where = {i.id: (i.worker, i.node) for i in placed.instances}
-    return ClusterState(
+    return PlacementInput(
         demands.nodes,
         tuple(replace(i, worker=where[i.id][0], node=where[i.id][1]) for i in demands.instances),
         placed.workers,
@@ -258,7 +258,7 @@ FIGURES = (
 
 
 def run_strategy(
-    name: str, states: list[ClusterState], headroom: float, **options
+    name: str, states: list[PlacementInput], headroom: float, **options
 ) -> dict[str, Any]:
     strategy = get_strategy(name, **options)
     totals = dict.fromkeys(FIGURES, 0.0)
@@ -284,7 +284,7 @@ def run_strategy(
 
 
 def run_over_seeds(
-    name: str, states_per_seed: list[list[ClusterState]], headroom: float, **options
+    name: str, states_per_seed: list[list[PlacementInput]], headroom: float, **options
 ) -> dict[str, Any]:
     """``run_strategy`` on each seed's epochs (a fresh strategy each), figures summed."""
     totals: dict[str, Any] = {}
@@ -527,7 +527,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _without_peaks(states: list[ClusterState]) -> list[ClusterState]:
+def _without_peaks(states: list[PlacementInput]) -> list[PlacementInput]:
     return [
         replace(
             state,
@@ -548,7 +548,7 @@ def _liu_options(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def _liu_variant(
-    options: dict[str, Any], states: dict[str, list[list[ClusterState]]], headroom: float
+    options: dict[str, Any], states: dict[str, list[list[PlacementInput]]], headroom: float
 ) -> dict[str, Any]:
     per = {
         s: run_over_seeds("liu", per_seed, headroom, **options) for s, per_seed in states.items()

@@ -3,8 +3,8 @@
 Scenarios:
 
 * ``seed004-poisson`` / ``seed004-weibull`` -- the QoS cap experiment of
-  seeds/004: ``--apps`` applications of four operators on 4 nodes (16 cores),
-  three QoS classes, a linear burst (x1.8 / x2.7 / x3.6) from epoch 40 to 51;
+  "QoS-aware CPU cap adjustment for timely data-flow" (§5): ``--apps``
+  applications of four operators on 4 nodes (16 cores), three QoS classes, a linear burst (x1.8 / x2.7 / x3.6) from epoch 40 to 51;
 * ``wordcount`` -- one WordCount-like chain (source, split, count, sink) on one 2-core node;
 * ``scale`` -- ``--nodes`` nodes and ``--instances`` instances: the controller's
   epoch time and memory inside the simulation (dsched only);
@@ -34,7 +34,8 @@ from testbed.sim.run import run_policy
 SCENARIOS = ("seed004-poisson", "seed004-weibull", "wordcount", "scale", "calibration")
 #: Live and simulated latency and CPU must agree within this (relative).
 CALIBRATION_TOLERANCE = 0.20
-#: The paper's claims against ERR for the gold class (seeds/004, Table 1).
+#: The paper's claims against ERR for the gold class ("QoS-aware CPU cap
+#: adjustment for timely data-flow", Table 1).
 MUST_GOLD_VIOLATION_REDUCTION = 0.77
 MUST_GOLD_LATENCY_REDUCTION = 0.188
 

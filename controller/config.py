@@ -6,105 +6,140 @@ startup with the key's name, so a typo never turns into a silent default.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controller.qos import QosConfig
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
-from dsched.names import InvalidName, check_name
+from dsched.tls import TlsConfig
 from spark_stream.config import HistoryConfig
 
 MODES = ("dry-run", "enforce")
-ALLOCATOR_NAMES = ("demand", "qos-dp")
 # How the DP values CPU given to an application (docs/controller.md).
 DP_VALUES = ("covered", "latency")
 
 
 @dataclass
-class TlsConfig:
-    """Server-side TLS. With ``ca`` set, agents must present a client certificate."""
+class LiuOptions:
+    """``[placement_options.liu]``: Liu et al.'s scheme (Alg. 1–3)."""
 
-    cert: Path | None = None
-    key: Path | None = None
-    ca: Path | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return self.cert is not None
-
-    def validate(self) -> None:
-        require((self.cert is None) == (self.key is None), "tls.key", "cert and key go together")
-        for name in ("cert", "key", "ca"):
-            p = getattr(self, name)
-            require(p is None or p.is_file(), f"tls.{name}", f"{p} is not a file")
+    # Empty the least-loaded node when its workers fit elsewhere.
+    scale_in: bool = True
+    # Room kept for a stateful worker's growth, as a multiple of its recent rise.
+    stateful_growth: float = 1.0
 
 
 @dataclass
-class QosClassConfig:
-    """One QoS class: mean latency target, tolerated violation ratio, importance."""
+class EvenOptions:
+    """``[placement_options.even]``: Storm's round robin."""
 
-    target_latency_ms: float = 1000.0
-    max_violation_ratio: float = 0.1
-    weight: float = 1.0
-
-    def validate(self) -> None:
-        require(self.target_latency_ms > 0, "target_latency_ms", "must be > 0")
-        require(
-            0 < self.max_violation_ratio < 1,
-            "max_violation_ratio",
-            "must be between 0 and 1 (exclusive)",
-        )
-        require(self.weight > 0, "weight", "must be > 0")
-
-
-def default_qos_classes() -> dict[str, QosClassConfig]:
-    return {
-        "gold": QosClassConfig(target_latency_ms=100.0, max_violation_ratio=0.01, weight=8.0),
-        "silver": QosClassConfig(target_latency_ms=500.0, max_violation_ratio=0.10, weight=3.0),
-        "bronze": QosClassConfig(target_latency_ms=2000.0, max_violation_ratio=0.50, weight=1.0),
-    }
+    # Workers per application; 0: one per node.
+    workers_per_app: int = 0
 
 
 @dataclass
-class QosConfig:
-    """``[qos]``: the classes (``[qos.classes.<name>]``, replacing the defaults when
-    given) and the class of applications nobody assigned."""
+class RStormOptions:
+    """``[placement_options.rstorm]``: R-Storm's distance-based best fit."""
 
-    default_class: str = "bronze"
-    classes: dict[str, QosClassConfig] = field(default_factory=default_qos_classes)
+    # Weight of CPU in the distance to a node.
+    w_cpu: float = 1.0
+    # Weight of network distance (traffic to already placed neighbours).
+    w_net: float = 1.0
 
-    def validate(self) -> None:
-        require(bool(self.classes), "classes", "at least one class is needed")
-        for name, cls in self.classes.items():
-            try:
-                check_name("class", name)
-            except InvalidName as exc:
-                raise ConfigError(f"classes.{name}", str(exc)) from None
-            try:
-                cls.validate()
-            except ConfigError as exc:
-                raise ConfigError(f"classes.{name}.{exc.key}", str(exc).split(": ", 1)[1]) from None
-        require(
-            self.default_class in self.classes,
-            "default_class",
-            f"{self.default_class!r} is not a class (known: {', '.join(sorted(self.classes))})",
-        )
+
+@dataclass
+class SamOptions:
+    """``[placement_options.sam]``: slot-aware mapping of full thread bundles."""
+
+    # Cores of one slot (a bundle fills one).
+    slot_cores: float = 1.0
+
+
+@dataclass
+class AnielloOfflineOptions:
+    """``[placement_options.aniello-offline]``: topology-order scheduler."""
+
+    # Share of nodes left free (alpha in the paper, 0..1).
+    alpha: float = 0.0
+    # Balance between filling and spreading workers (beta in the paper, 0..1).
+    beta: float = 0.5
+    # Workers per application; 0: one per node.
+    workers_per_app: int = 0
+
+
+@dataclass
+class AnielloOnlineOptions:
+    """``[placement_options.aniello-online]``: traffic-based scheduler."""
+
+    # Reschedule only if inter-node traffic drops by more than this many percent.
+    threshold_percent: float = 10.0
+
+
+@dataclass
+class MipsOptions:
+    """``[placement_options.mips]``: Monte Carlo tree search with UCT."""
+
+    # Simulations per decision.
+    samples: int = 256
+    # Random seed (plans are reproducible for one seed).
+    seed: int = 0
+    # UCT exploration constant.
+    exploration: float = 0.5
+    # Probability of a random expansion instead of the greedy one.
+    epsilon: float = 0.2
+    # Cores of one container; 0: the largest instance demand.
+    container_cores: float = 0.0
+    # Cost weight of opening a container.
+    container_weight: float = 0.1
+    # Cost weight of opening a node.
+    node_weight: float = 0.1
+
+
+@dataclass
+class PlacementOptions:
+    """``[placement_options.<strategy>]``: typed options of each placement strategy."""
+
+    liu: LiuOptions = field(default_factory=LiuOptions)
+    even: EvenOptions = field(default_factory=EvenOptions)
+    rstorm: RStormOptions = field(default_factory=RStormOptions)
+    sam: SamOptions = field(default_factory=SamOptions)
+    aniello_offline: AnielloOfflineOptions = field(default_factory=AnielloOfflineOptions)
+    aniello_online: AnielloOnlineOptions = field(default_factory=AnielloOnlineOptions)
+    mips: MipsOptions = field(default_factory=MipsOptions)
+
+    def for_strategy(self, name: str) -> dict[str, object]:
+        """The options of strategy ``name`` as its factory's keyword arguments."""
+        table = getattr(self, name.replace("-", "_"), None)
+        if table is None:
+            return {}
+        out = dataclasses.asdict(table)
+        # 0 stands for "the strategy's own default" in these keys.
+        for key in ("workers_per_app", "container_cores"):
+            if out.get(key) == 0:
+                out[key] = None
+        return out
 
 
 @dataclass
 class ControllerConfig:
+    # gRPC address for agents and admin (HOST:PORT).
     listen: str = "127.0.0.1:7700"
+    # Prometheus /metrics address (HOST:PORT).
     metrics: str = "127.0.0.1:9708"
+    # SQLite state, history spool and tables live here.
     state_dir: Path = Path("/var/lib/dsched")
     # The mode on the very first start; afterwards the persisted mode wins, so a
     # restart never flips a cluster from dry-run to enforce or back.
     mode: str = "dry-run"
+    # Epoch length: one slot of reports, one decision.
     slot_seconds: float = 10.0
-    # Slots of history the fast loop predicts from (phi in DESIGN §4).
+    # Slots of history the fast loop predicts from (phi).
     phi: int = 5
-    # Cap granularity in cores (theta in DESIGN §4 step 6).
+    # Cap granularity in cores (theta of the hysteresis).
     theta_cores: float = 0.1
-    # Per-node CPU kept free of caps (anti-saturation, DESIGN §4 step 5).
+    # Per-node CPU kept free of caps (anti-saturation).
     headroom_cores: float = 0.1
     # No instance is capped below this, so a quiet instance can still wake up.
     min_cap_cores: float = 0.05
@@ -113,13 +148,21 @@ class ControllerConfig:
     # Strategy names (one interface per decision): `qos-dp` divides CPU by QoS
     # class with the dynamic program, `demand` grants demand and scales nodes down.
     allocator: str = "qos-dp"
-    # A name from controller.placement.STRATEGIES, or `none` (never plan moves).
+    # Who carries out caps in enforce mode: `agents` (CapDirectives down the
+    # agents' streams) or `log-only`. Dry-run always logs only.
+    cap_actuator: str = "agents"
+    # Placement strategy: liu, even, rstorm, sam, aniello-offline,
+    # aniello-online, mips, or `none` (never plan moves).
     placement: str = "liu"
+    # Per-strategy options, e.g. `[placement_options.mips] samples = 64`.
+    placement_options: PlacementOptions = field(default_factory=PlacementOptions)
     # Who carries out planned moves in enforce mode: `log-only` (plan and record,
     # move nothing: for engines without an actuator) or `testbed` (the live
     # testbed's move endpoint at `move_url`). Dry-run always logs only.
     move_actuator: str = "log-only"
     move_url: str = ""
+    # How long the testbed move actuator waits for a plan's moves to finish.
+    move_timeout_seconds: float = 120.0
     # How long a node holding a stateful worker must have been emptiable before
     # placement empties it (moving a stateful worker restarts it and carries its
     # state). 300 s is the Kubernetes HPA's downscale stabilization window. The
@@ -130,10 +173,12 @@ class ControllerConfig:
     # they needed over this window (moving one later costs a state migration);
     # stateless ones only by their demand now. 0: by their demand now too.
     stateful_peak_seconds: float = 300.0
+    # QoS classes and the default class (`[qos]`, `[qos.classes.<name>]`).
     qos: QosConfig = field(default_factory=QosConfig)
     # Squared coefficients of variation of inter-arrival and service times used by
     # the Allen–Cunneen latency model (1.0 = Poisson-like).
     arrival_scv: float = 1.0
+    # (the same for service times)
     service_scv: float = 1.0
     # What the DP maximises: `covered` demand weighted by class, or `latency`
     # (weighted fraction of tuples predicted to meet the target).
@@ -147,12 +192,25 @@ class ControllerConfig:
     # Cap what dsched may hand out on a node, overriding the capacity the agent
     # reports (node id -> cores), e.g. to leave the rest to other tenants.
     node_capacity_cores: dict[str, float] = field(default_factory=dict)
-    # Load prediction for sources also tries ARIMA on this many past epochs.
-    arima: bool = True
+    # Load predictors whose maximum is the forecast: `linear_trend` (every
+    # operator), `dag` (non-sources, from their parents), `arima` (sources).
+    predictors: list[str] = field(default_factory=lambda: ["linear_trend", "dag", "arima"])
+    # Past epochs of a source's arrivals ARIMA is fitted on.
     arima_history: int = 300
+    # First ARIMA fits per epoch (tens of ms each); the rest wait a slot.
+    arima_fits_per_epoch: int = 8
+    # Most cores one instance can use (1 for single-threaded instances): a
+    # latency target needing more is marked unreachable.
+    max_instance_cores: float = 1.0
+    # Reports stamped further than this in the future are refused.
+    max_clock_skew_seconds: float = 30.0
+    # Decision records kept in SQLite (8640 = one day at 10-s slots).
+    decisions_kept: int = 8640
     # An instance that has not reported for this many slots is forgotten.
     forget_after_slots: int = 6
+    # Serve plaintext gRPC on a non-loopback address (a warning at every start).
     allow_plaintext_remote: bool = False
+    # Server TLS: cert + key; with ca, agents must present a client certificate.
     tls: TlsConfig = field(default_factory=TlsConfig)
     # The Spark history ([history] table). Its paths default under state_dir and
     # its slot is the controller's. With `enabled`, the controller spools every
@@ -171,27 +229,25 @@ class ControllerConfig:
         require(self.min_cap_cores > 0, "min_cap_cores", "must be positive")
         require(self.backlog_drain_slots > 0, "backlog_drain_slots", "must be positive")
         require(self.forget_after_slots >= 1, "forget_after_slots", "must be >= 1")
-        require(
-            self.allocator in ALLOCATOR_NAMES,
-            "allocator",
-            f"unknown allocator {self.allocator!r} (known: {', '.join(ALLOCATOR_NAMES)})",
-        )
-        from controller.placement import STRATEGIES
+        from controller.edges.actuators import CAP_ACTUATORS
+        from controller.placement import STRATEGIES, get_strategy
+        from controller.placement.migration import MOVE_ACTUATORS
+        from controller.stages.allocation import ALLOCATORS
+        from controller.stages.forecast import PREDICTORS
 
-        placements = ("none", *sorted(STRATEGIES))
-        require(
-            self.placement in placements,
-            "placement",
-            f"unknown placement {self.placement!r} (known: {', '.join(placements)})",
-        )
-        from controller.migration import MOVE_ACTUATORS
-
-        require(
-            self.move_actuator in MOVE_ACTUATORS,
-            "move_actuator",
-            f"unknown move actuator {self.move_actuator!r} "
-            f"(known: {', '.join(sorted(MOVE_ACTUATORS))})",
-        )
+        ALLOCATORS.check(self.allocator)
+        CAP_ACTUATORS.check(self.cap_actuator)
+        MOVE_ACTUATORS.check(self.move_actuator)
+        require(bool(self.predictors), "predictors", "at least one predictor is needed")
+        for i, name in enumerate(self.predictors):
+            PREDICTORS.check(name, f"predictors[{i}]")
+        if self.placement != "none":
+            STRATEGIES.check(self.placement)
+        for name in STRATEGIES:
+            try:
+                get_strategy(name, **self.placement_options.for_strategy(name))
+            except ValueError as exc:
+                raise ConfigError(f"placement_options.{name}", str(exc)) from None
         require(
             self.move_actuator != "testbed" or self.move_url.startswith(("http://", "https://")),
             "move_url",
@@ -215,6 +271,23 @@ class ControllerConfig:
         for node, cores in self.node_capacity_cores.items():
             require(cores > 0, f"node_capacity_cores.{node}", "must be > 0")
         require(self.arima_history >= 20, "arima_history", "must be >= 20")
+        require(self.arima_fits_per_epoch >= 0, "arima_fits_per_epoch", "must be >= 0")
+        require(
+            math.isfinite(self.max_instance_cores) and self.max_instance_cores > 0,
+            "max_instance_cores",
+            "must be a number > 0",
+        )
+        require(
+            math.isfinite(self.max_clock_skew_seconds) and self.max_clock_skew_seconds >= 0,
+            "max_clock_skew_seconds",
+            "must be a number >= 0",
+        )
+        require(self.decisions_kept >= 1, "decisions_kept", "must be >= 1")
+        require(
+            math.isfinite(self.move_timeout_seconds) and self.move_timeout_seconds > 0,
+            "move_timeout_seconds",
+            "must be a number > 0",
+        )
         try:
             self.qos.validate()
         except ConfigError as exc:
@@ -228,4 +301,4 @@ class ControllerConfig:
                 f"plaintext gRPC on non-loopback {host}: configure [tls] or set "
                 "allow_plaintext_remote = true",
             )
-        self.tls.validate()
+        self.tls.validate("server")

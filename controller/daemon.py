@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dsched-controller: {exc}", file=sys.stderr)
         return 2
     from controller.core import Controller, tune_gc
-    from controller.server import serve
+    from controller.edges.server import serve
 
     tune_gc()
 

@@ -1,38 +1,16 @@
-"""The controller's vocabulary: keys, one slot of one instance, application DAGs.
+"""What the controller observes: one slot of one instance, its history, application DAGs.
 
-Everything here is plain data. The pipeline stages (controller/pipeline.py)
+Everything here is plain data. The epoch's stages (controller/stages/)
 turn these into decisions; nothing here does I/O.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-
-# Keys are NamedTuples rather than dataclasses: an epoch hashes and compares
-# them for every instance many times, and tuples do that in C.
-class OperatorKey(NamedTuple):
-    app: str
-    operator: str
-
-    def __str__(self) -> str:
-        return f"{self.app}/{self.operator}"
-
-
-class InstanceKey(NamedTuple):
-    app: str
-    operator: str
-    instance: int
-
-    @property
-    def operator_key(self) -> OperatorKey:
-        return OperatorKey(self.app, self.operator)
-
-    def __str__(self) -> str:
-        return f"{self.app}/{self.operator}/{self.instance}"
+from dsched.dag import topological_order
+from dsched.ids import InstanceKey, OperatorKey
 
 
 @dataclass(frozen=True)
@@ -46,7 +24,7 @@ class InstanceSlot:
     slot: int
     timestamp: float  # end of the slot, Unix seconds
     seconds: float  # slot length
-    received: float  # tuples that arrived at the instance
+    arrivals: float  # tuples that arrived at the instance
     executed: float
     emitted: float
     cpu_seconds: float
@@ -110,34 +88,11 @@ class AppTopology:
         return [op for op, ps in self.parents.items() if operator in ps]
 
 
-def topological_order(parents: dict[str, Iterable[str]]) -> list[str]:
-    """Operators in an order where every parent precedes its children.
-
-    Parents that are not themselves known operators are ignored (an instance
-    may register before its upstream does). A cycle raises ValueError: stream
-    DAGs are acyclic by definition, and a cycle would make propagation diverge.
-    """
-    known = set(parents)
-    indeg = {op: 0 for op in known}
-    kids: dict[str, list[str]] = {op: [] for op in known}
-    for op, ps in parents.items():
-        for p in set(ps):
-            if p in known and p != op:
-                indeg[op] += 1
-                kids[p].append(op)
-            elif p == op:
-                raise ValueError(f"operator {op!r} lists itself as upstream")
-    ready = sorted(op for op, d in indeg.items() if d == 0)
-    order: list[str] = []
-    while ready:
-        op = ready.pop(0)
-        order.append(op)
-        for k in sorted(kids[op]):
-            indeg[k] -= 1
-            if indeg[k] == 0:
-                ready.append(k)
-        ready.sort()
-    if len(order) != len(known):
-        cyclic = sorted(known - set(order))
-        raise ValueError(f"operator graph has a cycle through {cyclic}")
-    return order
+__all__ = [
+    "AppTopology",
+    "InstanceHistory",
+    "InstanceKey",
+    "InstanceSlot",
+    "OperatorKey",
+    "topological_order",
+]

@@ -10,23 +10,84 @@ class is refused with a ValueError naming the known ones, and nothing changes.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
-from controller.config import QosConfig
-from controller.store import StateStore
-from dsched.names import check_name
+from dsched.config import ConfigError, require
+from dsched.names import InvalidName, check_name
 
 
 @dataclass(frozen=True)
 class QosClass:
-    name: str
-    target_latency_ms: float
-    max_violation_ratio: float
-    weight: float
+    """One QoS class: mean latency target, tolerated violation ratio, importance.
+
+    In the config a class is the table ``[qos.classes.<name>]``; its ``name``
+    comes from the table's key.
+    """
+
+    name: str = ""
+    target_latency_ms: float = 1000.0
+    max_violation_ratio: float = 0.1
+    weight: float = 1.0
 
     @property
     def target_seconds(self) -> float:
         return self.target_latency_ms / 1000.0
+
+    def validate(self) -> None:
+        require(self.target_latency_ms > 0, "target_latency_ms", "must be > 0")
+        require(
+            0 < self.max_violation_ratio < 1,
+            "max_violation_ratio",
+            "must be between 0 and 1 (exclusive)",
+        )
+        require(self.weight > 0, "weight", "must be > 0")
+
+
+def default_qos_classes() -> dict[str, QosClass]:
+    return {
+        "gold": QosClass("gold", 100.0, 0.01, 8.0),
+        "silver": QosClass("silver", 500.0, 0.10, 3.0),
+        "bronze": QosClass("bronze", 2000.0, 0.50, 1.0),
+    }
+
+
+@dataclass
+class QosConfig:
+    """``[qos]``: the classes (``[qos.classes.<name>]``, replacing the defaults when
+    given) and the class of applications nobody assigned."""
+
+    default_class: str = "bronze"
+    classes: dict[str, QosClass] = field(default_factory=default_qos_classes)
+
+    def validate(self) -> None:
+        require(bool(self.classes), "classes", "at least one class is needed")
+        # A class's name is its table's key.
+        self.classes = {
+            name: c if c.name == name else replace(c, name=name) for name, c in self.classes.items()
+        }
+        for name, cls in self.classes.items():
+            try:
+                check_name("class", name)
+            except InvalidName as exc:
+                raise ConfigError(f"classes.{name}", str(exc)) from None
+            try:
+                cls.validate()
+            except ConfigError as exc:
+                raise ConfigError(f"classes.{name}.{exc.key}", str(exc).split(": ", 1)[1]) from None
+        require(
+            self.default_class in self.classes,
+            "default_class",
+            f"{self.default_class!r} is not a class (known: {', '.join(sorted(self.classes))})",
+        )
+
+
+class AssignmentStore(Protocol):
+    """Where assignments persist (the controller's SQLite store)."""
+
+    def set_qos(self, app: str, qos_class: str, at: float) -> None: ...
+
+    def qos_assignments(self) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -40,9 +101,9 @@ class QosAssignment:
 class QosRegistry:
     """Classes by name and persisted assignments by application."""
 
-    def __init__(self, config: QosConfig, store: StateStore):
+    def __init__(self, config: QosConfig, store: AssignmentStore):
         self.classes = {
-            name: QosClass(name, c.target_latency_ms, c.max_violation_ratio, c.weight)
+            name: c if c.name == name else replace(c, name=name)
             for name, c in sorted(config.classes.items())
         }
         self.default_class = config.default_class

@@ -1,4 +1,11 @@
-"""`dsched`: the umbrella command (`dsched demo`, `dsched bench NAME`)."""
+"""`dsched`: the umbrella command (`dsched demo`, `dsched bench NAME`).
+
+Both subcommands run code that the installed package does not carry: the demo
+lives in ``testbed/`` and the benchmarks in ``bench/``, which stay in the
+source tree so that agent nodes install only the daemons. They are imported
+when the command runs; without them (a wheel install) it says how to get them
+and exits with code 2.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +13,60 @@ import argparse
 import importlib
 import pkgutil
 import sys
-
-import bench
+from types import ModuleType
 
 _NOT_BENCHMARKS = {"common", "plots"}
+# Packages of this project; an import error inside them is a bug, not a missing install.
+_OURS = {"dsched", "dsched_pb", "agent", "controller", "predict", "spark_stream"}
+_SOURCE_ONLY = {"testbed", "bench"}
+
+MISSING = (
+    "dsched: error: `dsched demo` and `dsched bench` need the testbed and the "
+    "benchmarks with their dependencies, and this installation lacks them ({why}). "
+    "Run them from a source checkout of dsched after "
+    "`pip install -e '.[testbed,bench]'` (or `make install`)."
+)
 
 
-def _benchmarks() -> list[str]:
+def _benchmarks(bench: ModuleType) -> list[str]:
     names = [m.name for m in pkgutil.iter_modules(bench.__path__) if not m.name.startswith("_")]
     return sorted(n.replace("_", "-") for n in names if n not in _NOT_BENCHMARKS)
 
 
+def _load() -> tuple[ModuleType, dict[str, ModuleType]]:
+    """The demo module and the benchmark modules (name -> module)."""
+    demo = importlib.import_module("testbed.demo")
+    bench = importlib.import_module("bench")
+    modules = {}
+    for name in _benchmarks(bench):
+        mod = importlib.import_module("bench." + name.replace("-", "_"))
+        if hasattr(mod, "run"):
+            modules[name] = mod
+    return demo, modules
+
+
+def _missing_install(exc: ImportError) -> bool:
+    """Whether ``exc`` means testbed, bench or one of their dependencies is not installed."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return False
+    top = exc.name.split(".")[0]
+    return exc.name in _SOURCE_ONLY or top not in _OURS | _SOURCE_ONLY
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        demo, benchmarks = _load()
+    except ImportError as exc:
+        if not _missing_install(exc):
+            raise
+        print(MISSING.format(why=f"no module named {exc.name!r}"), file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(
         prog="dsched",
         description="dsched umbrella command: run the demo or a benchmark.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-
-    from dsched import demo
-
     demo_p = sub.add_parser(
         "demo",
         help="controller + agent + live WordCount on this machine",
@@ -37,11 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bench_p = sub.add_parser("bench", help="run a benchmark (JSON, and PNG where useful)")
     bench_sub = bench_p.add_subparsers(dest="benchmark", required=True, metavar="NAME")
-    modules = {}
-    for name in _benchmarks():
-        mod = importlib.import_module("bench." + name.replace("-", "_"))
-        if not hasattr(mod, "run"):
-            continue
+    for name, mod in benchmarks.items():
         doc = (mod.__doc__ or "").strip()
         p = bench_sub.add_parser(
             name,
@@ -50,13 +86,12 @@ def main(argv: list[str] | None = None) -> int:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         mod.add_arguments(p)
-        modules[name] = mod
 
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
             return demo.run(args)
-        return int(modules[args.benchmark].run(args) or 0)
+        return int(benchmarks[args.benchmark].run(args) or 0)
     except ValueError as exc:
         # Bad arguments are refused by the runs before anything starts.
         parser.exit(2, f"dsched: error: {exc}\n")

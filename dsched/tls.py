@@ -49,4 +49,6 @@ class TlsConfig:
 
     def read(self) -> tuple[bytes | None, bytes | None, bytes | None]:
         """(cert, key, ca) bytes, None where not configured."""
-        return tuple(None if p is None else Path(p).read_bytes() for p in (self.cert, self.key, self.ca))  # type: ignore[return-value]
+        return tuple(
+            None if p is None else Path(p).read_bytes() for p in (self.cert, self.key, self.ca)
+        )  # type: ignore[return-value]

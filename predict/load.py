@@ -22,11 +22,11 @@ import warnings
 from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from graphlib import CycleError, TopologicalSorter
 
 import numpy as np
 
 from dsched import validate as v
+from dsched.dag import topological_order
 
 
 @dataclass(frozen=True)
@@ -425,20 +425,6 @@ def make_predictor(name: str, **kwargs):
 # ------------------------------------------------------------------- DAG and max rule
 
 
-def topological_order(dag: Mapping[Hashable, Iterable[Hashable]]) -> list[Hashable]:
-    """Operators of ``dag`` (operator -> children) parents first; ValueError on a cycle."""
-    if not isinstance(dag, Mapping):
-        raise ValueError(f"dag must map each operator to its children, got {type(dag).__name__}")
-    preds: dict[Hashable, set] = {node: set() for node in dag}
-    for parent, children in dag.items():
-        for child in children:
-            preds.setdefault(child, set()).add(parent)
-    try:
-        return list(TopologicalSorter(preds).static_order())
-    except CycleError as exc:
-        raise ValueError(f"dag has a cycle: {exc.args[1]}") from None
-
-
 def parents_of(dag: Mapping[Hashable, Iterable[Hashable]]) -> dict[Hashable, list[Hashable]]:
     parents: dict[Hashable, list[Hashable]] = {node: [] for node in dag}
     for parent, children in dag.items():
@@ -480,8 +466,10 @@ def propagate(
     selectivity = selectivity or {}
     queue_change = queue_change or {}
     combine_with = combine_with or {}
-    order = topological_order(dag)
+    if not isinstance(dag, Mapping):
+        raise ValueError(f"dag must map each operator to its children, got {type(dag).__name__}")
     parents = parents_of(dag)
+    order = topological_order(parents)
     rates: dict[Hashable, float] = {}
     for node in order:
         if not parents[node]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from spark_stream import job
 from spark_stream.config import HistoryConfig
+from spark_stream.reader import HistoryReader
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +131,6 @@ class EmbeddedHistory:
             self._state = "stopped"
 
     def status(self) -> HistoryStatus:
-        from controller.history import HistoryReader
-
         reader = HistoryReader(self.config)
         progress = job.read_progress(self.config)
         rate = None

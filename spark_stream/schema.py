@@ -1,7 +1,8 @@
 """The spool file format (version 1) and the history table layout.
 
-Shared by the writer (controller/spool.py), the streaming job and the reader, and
-free of Spark imports so the controller can use it without a JVM.
+Shared by the writer (spark_stream/spool.py), the streaming job and the reader
+(spark_stream/reader.py), and free of Spark imports so the controller's process can
+use it without a JVM.
 
 Spool file: JSON Lines, one flat record per line, published by atomic rename as
 ``slot-<slot, 12 digits>-<slot start in Unix milliseconds, 13 digits>.json``. The

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from agent.config import AgentConfig
 from agent.instance_client import AgentClient
 from agent.node import NodeAgent
-from agent.registry import Counters, InstanceKey, RegistrationError, check_counters
+from agent.registry import Counters, RegistrationError, check_counters
 from agent.wire import MAX_LINE_BYTES, encode_update_batches
+from dsched.ids import InstanceKey
 from tests.test_agent_support import (
     COUNTERS,
     WorkerThread,
@@ -355,7 +356,7 @@ def test_sampler_follows_thread_changes_and_closes_stat_files_of_forgotten_insta
         assert agent.thread_cpu.open_files == 3
         assert set(agent.report().instances[0].tids) == {t0.tid, t2.tid}
         # A thread exits: dropped from the instance, its CPU kept in the total.
-        before = agent._cpu[InstanceKey("wc", "count", 0)].total
+        before = agent.sampler.cpu_seconds(InstanceKey("wc", "count", 0))
         t2.join()
 
         def exited_thread_dropped() -> bool:
@@ -364,7 +365,7 @@ def test_sampler_follows_thread_changes_and_closes_stat_files_of_forgotten_insta
             return agent.registry.get(InstanceKey("wc", "count", 0)).tids == {t0.tid}
 
         assert wait_for(exited_thread_dropped, step=0.05)
-        assert agent._cpu[InstanceKey("wc", "count", 0)].total >= before
+        assert agent.sampler.cpu_seconds(InstanceKey("wc", "count", 0)) >= before
         assert agent.metrics.registry.get_sample_value("dsched_agent_threads_managed") == 2
         agent.unregister("wc", "split", 0)
         agent.sample()

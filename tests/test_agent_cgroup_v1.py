@@ -11,8 +11,8 @@ import pytest
 from agent.cgroups import CgroupError, CgroupV1, ThreadGone
 from agent.config import AgentConfig
 from agent.node import NodeAgent
-from agent.registry import InstanceKey
 from agent.sampling import thread_cpu_seconds
+from dsched.ids import InstanceKey
 from dsched.names import InvalidName
 from tests.test_agent_support import WorkerThread, release_tree, unique_root
 

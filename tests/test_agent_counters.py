@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.cgroups import CgroupV2, detect_mode, make_backend
+from agent.cgroups import BACKENDS, CgroupV2, detect_mode, make_backend
 from agent.config import AgentConfig, DiscoveryRule
 from agent.discovery import match_threads, parse_jcmd_threads, proc_threads
 from agent.node import NodeAgent
-from agent.registry import InstanceKey
 from agent.sampling import (
     CLOCK_TICKS,
     Resctrl,
@@ -23,6 +22,8 @@ from agent.sampling import (
     read_pressure,
     thread_cpu_seconds,
 )
+from dsched.ids import InstanceKey
+from dsched.registry import UnknownPlugin
 from tests.test_agent_support import WorkerThread
 
 
@@ -84,6 +85,21 @@ def test_no_cpu_controller_means_no_enforcement(tmp_path):
     empty.mkdir()
     backend, why = make_backend("auto", str(empty), "dsched", 100_000, dry_run=False)
     assert backend.mode == "none" and "no cgroup cpu controller" in why
+
+
+def test_cgroup_backends_are_chosen_by_name_auto_by_default(tmp_path):
+    assert BACKENDS.names() == ["auto", "v1", "v2"]
+    assert AgentConfig().cgroup_mode == "auto"
+    mount = _fake_v2_layout(tmp_path)
+    backend = BACKENDS.create("v2", str(mount), "dsched", 100_000)
+    assert isinstance(backend, CgroupV2) and backend.why == f"cgroup v2 configured at {mount}"
+    assert BACKENDS.create("v1", "", "dsched", 100_000).mount == Path("/sys/fs/cgroup/cpu")
+    with pytest.raises(UnknownPlugin) as info:
+        make_backend("v3", "", "dsched", 100_000, dry_run=False)
+    assert info.value.key == "cgroup_mode" and info.value.known == ["auto", "v1", "v2"]
+    dry, why = make_backend("v1", str(mount), "dsched", 100_000, dry_run=True)
+    assert dry.mode == "none" and why == "dry-run: no cgroup is written"
+    assert not (mount / "dsched").exists()
 
 
 def _fake_resctrl_layout(tmp: Path, groups: dict[str, list[tuple[int, int]]]) -> Path:

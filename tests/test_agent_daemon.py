@@ -12,6 +12,7 @@ import pytest
 
 from agent.config import AgentConfig
 from dsched.config import ConfigError, load_config
+from dsched.tls import TlsConfig
 from tests.test_agent_support import free_port, wait_for
 
 AGENT = [sys.executable, "-m", "agent.daemon"]
@@ -57,6 +58,28 @@ def test_bad_config_names_the_key(tmp_path, text, key):
     with pytest.raises(ConfigError) as info:
         load_config(AgentConfig, _write(tmp_path, text))
     assert info.value.key == key
+
+
+def test_tls_table_is_checked_as_a_client_and_holds_paths(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    # An agent may verify the controller without a certificate of its own.
+    c = load_config(
+        AgentConfig, _write(tmp_path, f'controller = "10.1.2.3:7700"\n[tls]\nca = "{ca}"')
+    )
+    assert isinstance(c.tls, TlsConfig) and c.tls.enabled
+    assert (c.tls.ca, c.tls.cert, c.tls.key) == (ca, None, None)
+    for text, key in (
+        (f'[tls]\ncert = "{ca}"', "tls.cert"),
+        (f'[tls]\ncert = "{ca}"\nkey = "{ca}"', "tls.ca"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            load_config(AgentConfig, _write(tmp_path, text))
+        assert info.value.key == key
+    # Built in code from the shared type, the same checks apply.
+    with pytest.raises(ConfigError) as info:
+        AgentConfig(tls=TlsConfig(cert=ca, key=ca)).validate()
+    assert info.value.key == "tls.ca"
 
 
 def test_plaintext_remote_controller_allowed_only_when_asked(tmp_path):

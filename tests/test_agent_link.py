@@ -7,16 +7,19 @@ import os
 import random
 from pathlib import Path
 
+import grpc
 import pytest
 
 from agent.config import AgentConfig
 from agent.link import ControllerLink, backoff_delay
 from agent.node import NodeAgent
-from agent.registry import InstanceKey
+from dsched.ids import InstanceKey
+from dsched.tls import TlsConfig
 from tests.test_agent_support import (
     RecordingController,
     WorkerThread,
     free_port,
+    make_pki,
     release_tree,
     unique_root,
     wait_for,
@@ -148,6 +151,53 @@ def test_directive_rejections_unknown_instance_out_of_bounds_and_stale_epoch():
         link.stop()
         controller.stop()
         t.join()
+
+
+def _mutual_tls_controller(pki: dict[str, Path]) -> tuple[RecordingController, int]:
+    """A controller that serves TLS and wants a client certificate signed by the CA."""
+    controller = RecordingController()
+    credentials = grpc.ssl_server_credentials(
+        [(pki["server.key"].read_bytes(), pki["server"].read_bytes())],
+        root_certificates=pki["ca"].read_bytes(),
+        require_client_auth=True,
+    )
+    return controller, controller.start(credentials=credentials)
+
+
+def test_link_speaks_mutual_tls_with_the_configured_files(tmp_path):
+    pki = make_pki(tmp_path)
+    agent = _dry_agent()
+    controller, port = _mutual_tls_controller(pki)
+    tls = TlsConfig(cert=pki["client"], key=pki["client.key"], ca=pki["ca"])
+    tls.validate("client")
+    link = ControllerLink(agent, f"127.0.0.1:{port}", tls=tls, connect_timeout=5.0)
+    link.start()
+    try:
+        assert wait_for(link.connected.is_set)
+        link.submit_report(agent.report())
+        assert wait_for(lambda: len(controller.reports) == 1)
+        assert controller.hellos[0].node_id == agent.config.node_id
+    finally:
+        link.stop()
+        controller.stop()
+        agent.close()
+
+
+def test_link_without_a_client_certificate_is_refused_by_a_mutual_tls_controller(tmp_path):
+    pki = make_pki(tmp_path)
+    agent = _dry_agent()
+    controller, port = _mutual_tls_controller(pki)
+    link = ControllerLink(
+        agent, f"127.0.0.1:{port}", tls=TlsConfig(ca=pki["ca"]), connect_timeout=0.5
+    )
+    link.start()
+    try:
+        assert not wait_for(link.connected.is_set, timeout=2.0)
+        assert controller.hellos == []
+    finally:
+        link.stop()
+        controller.stop()
+        agent.close()
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 from agent.config import AgentConfig
 from agent.instance_client import AgentClient
 from agent.node import NodeAgent
-from agent.registry import InstanceKey
 from agent.socket_server import RegistrationServer
+from dsched.ids import InstanceKey
 from tests.test_agent_support import COUNTERS, WorkerThread, registration_server, wait_for
 
 

@@ -10,6 +10,7 @@ import itertools
 import os
 import queue
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -121,10 +122,14 @@ class RecordingController(pb_grpc.AgentServiceServicer):
             except queue.Empty:
                 continue
 
-    def start(self, port: int = 0) -> int:
+    def start(self, port: int = 0, credentials: grpc.ServerCredentials | None = None) -> int:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_AgentServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        address = f"127.0.0.1:{port}"
+        if credentials is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, credentials)
         self.server.start()
         return self.port
 
@@ -171,3 +176,50 @@ def registration_server(tmp_path: Path) -> Iterator[tuple]:
     finally:
         server.stop()
         agent.close()
+
+
+def make_pki(directory: Path) -> dict[str, Path]:
+    """A CA and two certificates it signed, made with the openssl CLI: ``server`` for
+    127.0.0.1 and ``client`` for an agent. PEM paths by name: ``ca``, ``server``,
+    ``server.key``, ``client``, ``client.key``."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(
+            ["openssl", *args],
+            cwd=directory,
+            check=True,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+        )
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl(
+        "req", "-x509", *ec, "-subj", "/CN=dsched-test-ca", "-keyout", "ca.key", "-out", "ca.pem"
+    )
+    pki = {"ca": directory / "ca.pem"}
+    for name, extension in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        (directory / f"{name}.ext").write_text(extension + "\n")
+        openssl("req", *ec, "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.csr")
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            f"{name}.ext",
+            "-out",
+            f"{name}.pem",
+        )
+        pki[name] = directory / f"{name}.pem"
+        pki[f"{name}.key"] = directory / f"{name}.key"
+    return pki

@@ -9,7 +9,7 @@ import pytest
 
 from agent.config import AgentConfig
 from agent.node import NodeAgent
-from agent.registry import InstanceKey
+from dsched.ids import InstanceKey
 from dsched_pb import dsched_pb2 as pb
 from tests.test_agent_support import WorkerThread, release_tree, unique_root
 

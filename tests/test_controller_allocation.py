@@ -7,17 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller import hysteresis
-from controller.allocation import (
+from controller.model import InstanceKey
+from controller.qos import QosClass
+from controller.stages import hysteresis
+from controller.stages.allocation import (
     AppLatencyModel,
     QosDpAllocator,
     fit_nodes,
     latency_values,
     violation_ratio,
 )
-from controller.model import InstanceKey
-from controller.pipeline import InstanceDemand, fit_quantized_caps
-from controller.qos import QosClass
+from controller.stages.demand import InstanceDemand
+from controller.stages.hysteresis import fit_quantized_caps
 
 GOLD = QosClass("gold", 100.0, 0.01, 8.0)
 SILVER = QosClass("silver", 500.0, 0.1, 3.0)
@@ -88,7 +89,6 @@ def test_quantized_caps_lose_their_margins_before_anything_else():
     steps = {k: hysteresis.step(memory[k], alloc[k], 0.1) for k in keys}  # 0.6 + margin each
     fitted = fit_quantized_caps(
         steps,
-        memory,
         alloc,
         dict.fromkeys(keys, "n1"),
         {keys[0]: 8.0, keys[1]: 1.0},
@@ -97,7 +97,7 @@ def test_quantized_caps_lose_their_margins_before_anything_else():
     )
     assert fitted[keys[1]].cap == pytest.approx(0.3)  # bronze margin gone first
     assert fitted[keys[0]].cap == pytest.approx(0.55)  # then gold's, down to the room
-    assert memory[keys[0]].cap == pytest.approx(0.55)
+    assert fitted[keys[0]].state.cap == pytest.approx(0.55)  # the memory follows
     assert sum(s.cap for s in fitted.values()) <= 0.85 + 1e-9
 
 
@@ -156,7 +156,7 @@ def test_fit_quantized_caps_properties(rows, room):
     node_of = {k: r[0] for k, r in zip(keys, rows, strict=True)}
     weight_of = {k: r[2] for k, r in zip(keys, rows, strict=True)}
     fitted = fit_quantized_caps(
-        steps, memory, alloc, node_of, weight_of, dict.fromkeys("n1 n2 n3".split(), room), 0.05
+        steps, alloc, node_of, weight_of, dict.fromkeys("n1 n2 n3".split(), room), 0.05
     )
     for n in ("n1", "n2", "n3"):
         on = [k for k in keys if node_of[k] == n]

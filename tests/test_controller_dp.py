@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.allocation import (
+from controller.stages.allocation import (
     best_values_by_capacity,
     covered_values,
     node_recommendation,

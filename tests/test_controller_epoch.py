@@ -8,19 +8,22 @@ import math
 import grpc
 import pytest
 
-from controller.config import ControllerConfig, QosClassConfig, QosConfig
+from controller.config import ControllerConfig
 from controller.core import Controller
 from controller.ctl import main as ctl_main
-from controller.demand import (
+from controller.edges.server import serve
+from controller.edges.store import StateStore
+from controller.model import InstanceKey, OperatorKey
+from controller.qos import QosClass, QosConfig
+from controller.stages.demand import (
+    RateDemand,
     WithLatencyTarget,
     critical_path_weights,
     latency_budgets,
     latency_needs,
 )
-from controller.model import InstanceKey, OperatorKey
-from controller.pipeline import RateDemand, evaluate, forecast
-from controller.server import serve
-from controller.store import StateStore
+from controller.stages.evaluate import evaluate
+from controller.stages.forecast import forecast
 from dsched_pb import dsched_pb2 as pb
 from dsched_pb import dsched_pb2_grpc as pb_grpc
 from predict.queueing import allen_cunneen_wait
@@ -85,12 +88,12 @@ def config(tmp_path, **kw) -> ControllerConfig:
         node_capacity_cores={"n1": 1.0},
         theta_cores=0.05,
         headroom_cores=0.1,
-        arima=False,
+        predictors=["linear_trend", "dag"],
         qos=QosConfig(
             default_class="bronze",
             classes={
-                "gold": QosClassConfig(100.0, 0.01, 8.0),
-                "bronze": QosClassConfig(2000.0, 0.5, 1.0),
+                "gold": QosClass("gold", 100.0, 0.01, 8.0),
+                "bronze": QosClass("bronze", 2000.0, 0.5, 1.0),
             },
         ),
     )
@@ -242,8 +245,8 @@ def test_latency_budgets_split_the_target_along_the_critical_path(tmp_path, cloc
     c = Controller(config(tmp_path), clock=lambda: clock[0])
     node = SyntheticNode(c)
     run(c, node, clock, 4, {"x": 200.0})
-    views = evaluate(c.state, 5)
-    fcs = forecast(views, 5)
+    views = evaluate(c.cluster, 5)
+    fcs = forecast(views, 5).forecasts
     budgets = latency_budgets(views, fcs, {"x": 0.05})
     assert sum(budgets.values()) == pytest.approx(0.05)  # one chain: all on the critical path
     est = WithLatencyTarget(RateDemand(), latency_needs(views, fcs, budgets))
@@ -329,26 +332,28 @@ def test_metrics_carry_the_qos_view(tmp_path, clock):
 def test_sources_keep_one_cached_arima_and_first_fits_are_budgeted(tmp_path, clock):
     from collections import deque
 
-    from controller.pipeline import SourceHistory
+    from controller.stages.forecast import SourceHistory
 
-    c = Controller(config(tmp_path, arima=True), clock=lambda: clock[0])
-    c.sources = SourceHistory(300, fits_per_epoch=1, order=(1, 0, 0))
+    c = Controller(
+        config(tmp_path, predictors=["linear_trend", "dag", "arima"]), clock=lambda: clock[0]
+    )
+    c.memory.sources = SourceHistory(300, fits_per_epoch=1, order=(1, 0, 0))
     node = SyntheticNode(c)
     rates = {"a": 100.0, "b": 100.0}
     run(c, node, clock, 2, rates)  # the operators exist from the second report on
     for app in rates:
-        c.sources.series[OperatorKey(app, "source")] = deque(
+        c.memory.sources.series[OperatorKey(app, "source")] = deque(
             [100.0 + (i % 3) for i in range(30)], maxlen=300
         )
     rec = run(c, node, clock, 2, rates)
-    fitted = {k.app for k, m in c.sources.models.items() if m.fitted_order is not None}
+    fitted = {k.app for k, m in c.memory.sources.models.items() if m.fitted_order is not None}
     assert fitted == {"a", "b"}  # one first fit per epoch, both done by now
     sources = {o["app"]: o for o in rec["operators"] if o["operator"] == "source"}
     assert all("arima" in o["candidates"] for o in sources.values())
-    model = c.sources.models[OperatorKey("a", "source")]
+    model = c.memory.sources.models[OperatorKey("a", "source")]
     fits = model.fits
     run(c, node, clock, 2, rates)
-    assert model is c.sources.models[OperatorKey("a", "source")] and model.fits == fits
+    assert model is c.memory.sources.models[OperatorKey("a", "source")] and model.fits == fits
     c.stop()
 
 
@@ -364,9 +369,9 @@ def test_an_operator_that_processed_nothing_keeps_or_gets_a_cost(tmp_path, clock
     after = {o["operator"]: o["kappa"] for o in rec["operators"]}
     assert after["split"] == pytest.approx(before["split"])
     # An operator seen only while it processed nothing but burnt CPU.
-    view = next(v for v in evaluate(c.state, 5).values() if v.key.operator == "split")
+    view = next(v for v in evaluate(c.cluster, 5).values() if v.key.operator == "split")
     view.cpu_seconds[:] = 0.2
     memory: dict = {}
-    from controller.pipeline import operator_cost
+    from controller.stages.forecast import operator_cost
 
-    assert operator_cost(view, 5, memory) == pytest.approx(0.2 * len(view.cpu_seconds))
+    assert operator_cost(view, 5, memory)[0] == pytest.approx(0.2 * len(view.cpu_seconds))

@@ -1,5 +1,9 @@
-"""The controller's side of the history: every slot spooled, and a restarted
-controller seeded from the history table a real local Spark job wrote."""
+"""The controller with its history edge: every slot spooled, and a restarted
+controller seeded from the history table a real local Spark job wrote.
+
+These drive a real :class:`controller.core.Controller`, whose ``history`` is a
+:class:`controller.edges.history.HistoryEdge` (the edge alone is tested in
+tests/test_history_edge.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +12,13 @@ import json
 import pytest
 
 from controller.core import Controller
-from controller.model import OperatorKey
+from controller.edges.history import HistoryEdge
+from dsched.ids import OperatorKey
 from spark_stream import job
 from tests.test_controller_epoch import SyntheticNode, config
+
+# Sources keep a long arrival series (for ARIMA) only with the arima predictor.
+WITH_ARIMA = ["linear_trend", "dag", "arima"]
 
 
 @pytest.fixture
@@ -29,6 +37,7 @@ def _drive(c, node, clock, epochs, rate):
 def test_every_slot_is_spooled_with_the_instances_it_saw(tmp_path, clock):
     c = Controller(config(tmp_path), clock=lambda: clock[0])
     node = SyntheticNode(c)
+    assert isinstance(c.history, HistoryEdge)
     _drive(c, node, clock, 5, 40)
     assert c.history.flush()
     files = sorted(c.history.config.spool_dir.glob("slot-*.json"))
@@ -52,7 +61,7 @@ def test_history_can_be_switched_off(tmp_path, clock):
 @pytest.mark.spark
 @pytest.mark.slow
 def test_a_restarted_controller_is_seeded_from_the_history_table(tmp_path, clock):
-    first = Controller(config(tmp_path, arima=True), clock=lambda: clock[0])
+    first = Controller(config(tmp_path, predictors=WITH_ARIMA), clock=lambda: clock[0])
     _drive(first, SyntheticNode(first), clock, 40, 40)
     assert first.history.flush()
     hcfg = first.history.config
@@ -64,10 +73,10 @@ def test_a_restarted_controller_is_seeded_from_the_history_table(tmp_path, clock
         spark.stop()
     # A new controller with an empty ring buffer (its SQLite state gone too).
     (tmp_path / "state" / "controller.sqlite").unlink()
-    second = Controller(config(tmp_path, arima=True), clock=lambda: clock[0])
+    second = Controller(config(tmp_path, predictors=WITH_ARIMA), clock=lambda: clock[0])
     node = SyntheticNode(second)
     _drive(second, node, clock, 3, 40)
     key = OperatorKey("wc", "source")
-    assert len(second.sources.series[key]) >= 30  # windows from the table, then its own
-    assert second._kappa[OperatorKey("wc", "split")] == pytest.approx(0.001, rel=0.1)
+    assert len(second.memory.sources.series[key]) >= 30  # windows from the table, then its own
+    assert second.memory.kappa[OperatorKey("wc", "split")] == pytest.approx(0.001, rel=0.1)
     second.stop()

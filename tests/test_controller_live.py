@@ -68,7 +68,7 @@ def _cluster(tmp_path, mode: str, cgroup_root: str) -> LocalCluster:
             "theta_cores": 0.02,
             "headroom_cores": 0.1,
             "min_cap_cores": 0.02,
-            "arima": False,
+            "predictors": ["linear_trend", "dag"],
             "node_capacity_cores": {"local": NODE_CORES},
             "qos": QOS,
         },

@@ -7,7 +7,7 @@ import pytest
 
 from controller.config import ControllerConfig
 from controller.core import Controller
-from controller.migration import MoveResult
+from controller.placement.migration import MoveResult
 from dsched.config import ConfigError, from_dict
 from dsched.demo import placement_figure
 from tests.test_controller_epoch import SyntheticNode, config, run
@@ -54,13 +54,13 @@ def test_liu_waits_the_configured_seconds_in_plans_of_the_slot(
         config(tmp_path, slot_seconds=slot_seconds, scale_in_wait_seconds=wait_seconds),
         clock=lambda: clock[0],
     )
-    assert c._placer.name == "liu" and c._placer.scale_in_patience == plans
+    assert c.placement.strategy.name == "liu" and c.placement.strategy.scale_in_patience == plans
     c.stop()
 
 
 def test_strategies_that_do_not_wait_are_built_without_a_wait(tmp_path, clock):
     c = Controller(config(tmp_path, placement="rstorm"), clock=lambda: clock[0])
-    assert c._placer.name == "rstorm"
+    assert c.placement.strategy.name == "rstorm"
     c.stop()
 
 
@@ -117,7 +117,7 @@ def _first_move(tmp_path, clock):
         ),
         clock=lambda: clock[0],
     )
-    mover = c._mover = _ReportsDone()
+    mover = c.placement.mover = _ReportsDone()
     busy, idle = SyntheticNode(c, "n1", cores=2.0), SyntheticNode(c, "n2", cores=2.0)
 
     def epoch(on_n1: dict, on_n2: dict) -> dict:
@@ -157,7 +157,7 @@ def test_planning_resumes_once_moved_instances_report_from_their_new_node(tmp_pa
     idle.totals = busy.totals
     rec = epoch({}, {"wc": 300})
     assert "awaiting_moved" not in rec["placement"]
-    assert c._settling == {}
+    assert c.placement.settling == {}
     assert len(mover.plans) == 1
 
 

@@ -1,6 +1,6 @@
 """Peak demand: DemandPeaks keeps each instance's highest demand over the last
-epochs, build_cluster_state hands a row's peak to its Instance, and
-Instance.peak_cores never falls below the demand now."""
+epochs, a record row's peak reaches its Instance through demands_from_record,
+and Instance.peak_cores never falls below the demand now."""
 
 from __future__ import annotations
 
@@ -8,12 +8,27 @@ import math
 
 import pytest
 
+from controller.memory import DemandPeaks
 from controller.placement import Instance
-from controller.placement_stage import DemandPeaks, build_cluster_state
+from controller.placement.stage import build_placement_input, demands_from_record
+from dsched.ids import InstanceKey
 
 
 def _row(demand, app="wc", operator="count", instance=0, **extra) -> dict:
     return {"app": app, "operator": operator, "instance": instance, "demand_cores": demand, **extra}
+
+
+def _observe(peaks: DemandPeaks, rows: list[dict]) -> dict[str, float]:
+    """Feed rows as the controller does (typed demands by instance key; a row
+    without an identity cannot become one) and answer by instance id."""
+    demands = {}
+    for row in rows:
+        try:
+            key = InstanceKey(row["app"], row["operator"], row["instance"])
+        except KeyError:
+            continue
+        demands[key] = row.get("demand_cores")
+    return {k.id: v for k, v in peaks.observe(demands).items()}
 
 
 # --- DemandPeaks -------------------------------------------------------------
@@ -25,30 +40,30 @@ def test_the_peak_is_the_max_over_exactly_the_last_window_observations():
     seen = []
     for demand in demands:
         seen.append(demand)
-        got = peaks.observe([_row(demand)])
+        got = _observe(peaks, [_row(demand)])
         assert got == {"wc/count/0": max(seen[-3:])}, seen
 
 
 def test_an_old_high_value_drops_out_after_window_more_epochs():
     peaks = DemandPeaks(4)
-    assert peaks.observe([_row(2.0)]) == {"wc/count/0": 2.0}
+    assert _observe(peaks, [_row(2.0)]) == {"wc/count/0": 2.0}
     # Still inside the window for three more epochs...
     for _ in range(3):
-        assert peaks.observe([_row(0.5)]) == {"wc/count/0": 2.0}
+        assert _observe(peaks, [_row(0.5)]) == {"wc/count/0": 2.0}
     # ...and gone on the fourth.
-    assert peaks.observe([_row(0.5)]) == {"wc/count/0": 0.5}
+    assert _observe(peaks, [_row(0.5)]) == {"wc/count/0": 0.5}
 
 
 def test_a_window_of_one_is_the_demand_now():
     peaks = DemandPeaks(1)
     for demand in (0.7, 0.2, 0.4):
-        assert peaks.observe([_row(demand)]) == {"wc/count/0": demand}
+        assert _observe(peaks, [_row(demand)]) == {"wc/count/0": demand}
 
 
 def test_instances_keep_separate_windows():
     peaks = DemandPeaks(2)
-    peaks.observe([_row(1.0, instance=0), _row(0.1, instance=1)])
-    got = peaks.observe([_row(0.2, instance=0), _row(0.3, instance=1)])
+    _observe(peaks, [_row(1.0, instance=0), _row(0.1, instance=1)])
+    got = _observe(peaks, [_row(0.2, instance=0), _row(0.3, instance=1)])
     assert got == {"wc/count/0": 1.0, "wc/count/1": 0.3}
 
 
@@ -72,11 +87,11 @@ def test_for_slot_covers_the_seconds_in_whole_epochs(peak_seconds, slot_seconds,
 
 def test_an_instance_absent_from_one_observe_is_forgotten_and_starts_afresh():
     peaks = DemandPeaks(5)
-    peaks.observe([_row(3.0), _row(0.1, instance=1)])
+    _observe(peaks, [_row(3.0), _row(0.1, instance=1)])
     # wc/count/0 misses one epoch.
-    assert peaks.observe([_row(0.1, instance=1)]) == {"wc/count/1": 0.1}
+    assert _observe(peaks, [_row(0.1, instance=1)]) == {"wc/count/1": 0.1}
     # Back again: its 3.0 from before the gap is no longer its peak.
-    assert peaks.observe([_row(0.2), _row(0.1, instance=1)]) == {
+    assert _observe(peaks, [_row(0.2), _row(0.1, instance=1)]) == {
         "wc/count/0": 0.2,
         "wc/count/1": 0.1,
     }
@@ -112,12 +127,12 @@ def test_an_instance_absent_from_one_observe_is_forgotten_and_starts_afresh():
 def test_bad_rows_are_skipped_without_disturbing_the_others(bad):
     peaks = DemandPeaks(3)
     good = _row(0.4, operator="split")
-    assert peaks.observe([good, bad, _row(0.2, operator="source")]) == {
+    assert _observe(peaks, [good, bad, _row(0.2, operator="source")]) == {
         "wc/split/0": 0.4,
         "wc/source/0": 0.2,
     }
     # The bad row left nothing behind: a good row for wc/count/0 starts afresh.
-    assert peaks.observe([good, bad, _row(0.1)]) == {
+    assert _observe(peaks, [good, bad, _row(0.1)]) == {
         "wc/split/0": 0.4,
         "wc/count/0": 0.1,
     }
@@ -125,10 +140,10 @@ def test_bad_rows_are_skipped_without_disturbing_the_others(bad):
 
 def test_a_bad_demand_does_not_enter_an_instances_window():
     peaks = DemandPeaks(3)
-    peaks.observe([_row(0.3)])
+    _observe(peaks, [_row(0.3)])
     for bad in (math.inf, -1.0):
-        peaks.observe([_row(0.3), _row(bad, instance=1)])
-    assert peaks.observe([_row(0.2), _row(0.1, instance=1)]) == {
+        _observe(peaks, [_row(0.3), _row(bad, instance=1)])
+    assert _observe(peaks, [_row(0.2), _row(0.1, instance=1)]) == {
         "wc/count/0": 0.3,
         "wc/count/1": 0.1,
     }
@@ -136,9 +151,9 @@ def test_a_bad_demand_does_not_enter_an_instances_window():
 
 def test_one_bad_demand_keeps_the_window_the_instance_had():
     peaks = DemandPeaks(5)
-    peaks.observe([_row(3.0)])
-    assert peaks.observe([_row(math.nan)]) == {}
-    assert peaks.observe([_row(0.1)]) == {"wc/count/0": 3.0}
+    _observe(peaks, [_row(3.0)])
+    assert _observe(peaks, [_row(math.nan)]) == {}
+    assert _observe(peaks, [_row(0.1)]) == {"wc/count/0": 3.0}
 
 
 @pytest.mark.parametrize("window", [0, -1, True, 2.5, "3", None])
@@ -147,7 +162,7 @@ def test_a_bad_window_names_window(window):
         DemandPeaks(window)
 
 
-# --- build_cluster_state -----------------------------------------------------
+# --- demands_from_record -> build_placement_input ------------------------------
 
 
 def _record(*rows) -> dict:
@@ -158,7 +173,7 @@ CURRENT = {"wc/count/0": ("wc@n1:sf", True), "wc/split/0": ("wc@n1:sl", False)}
 
 
 def _state_of(*rows):
-    return build_cluster_state(_record(*rows), {"n1": 2.0}, CURRENT)
+    return build_placement_input(demands_from_record(_record(*rows)), {"n1": 2.0}, CURRENT)
 
 
 def test_a_rows_peak_reaches_the_instance():
@@ -200,10 +215,11 @@ def test_a_bad_peak_on_an_instance_names_peak_demand_cores(peak):
         Instance("wc", "count", 0, 0.5, True, peak_demand_cores=peak)
 
 
-def test_annotate_writes_the_peak_into_good_rows_only():
-    peaks = DemandPeaks(3)
-    peaks.annotate([_row(0.9), _row(0.2, instance=1)])
-    rows = [_row(0.4), _row(math.nan, instance=1)]
-    peaks.annotate(rows)
-    assert rows[0]["peak_demand_cores"] == 0.9
-    assert "peak_demand_cores" not in rows[1]
+def test_peaks_with_gives_good_demands_their_peak_and_changes_no_window():
+    """What the epoch reads (the record's peak_demand_cores comes from it)."""
+    peaks = DemandPeaks(2)
+    _observe(peaks, [_row(0.9), _row(0.2, instance=1)])
+    count0, count1 = InstanceKey("wc", "count", 0), InstanceKey("wc", "count", 1)
+    assert peaks.peaks_with({count0: 0.4, count1: math.nan}) == {count0: 0.9}
+    # Had peaks_with entered 0.4, the window would now be [0.4, 0.1].
+    assert _observe(peaks, [_row(0.1)]) == {"wc/count/0": 0.9}

@@ -15,14 +15,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyspark
 import pytest
 
-from controller.history import HistoryReader
-from spark_stream import job
-from spark_stream import schema as S
 from spark_stream.config import HistoryConfig
+from spark_stream.reader import HistoryReader
+from tests import test_history_samples as H
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -121,34 +119,8 @@ def _operator_history(config: HistoryConfig, windows: int) -> None:
         level = 1000.0
         for w in range(windows):
             level = 1000.0 + 0.7 * (level - 1000.0) + rng.normal(0, 50)
-            start = pd.Timestamp(1_700_000_000 + 10 * w, unit="s", tz="UTC")
-            rows.append(
-                {
-                    "app": app,
-                    "operator": op,
-                    "window_start": start,
-                    "window_end": start + pd.Timedelta(seconds=10),
-                    "slot_first": w,
-                    "slot_last": w,
-                    "slots": 1,
-                    "samples": threads,
-                    "instances": float(threads),
-                    "stateful": False,
-                    "arrivals": level,
-                    "executed": level,
-                    "emitted": level * 2,
-                    "cpu_seconds": level * 0.002,
-                    "latency_sum_seconds": 1.0,
-                    "latency_count": 10.0,
-                    "service_seconds": 0.01,
-                    "queue_length": 1.0,
-                    "cap_cores": None,
-                    "batch_id": w,
-                }
-            )
-    frame = pd.DataFrame(rows)
-    for w, part in frame.groupby("batch_id"):
-        job.write_partitioned(part, config.operators_dir, S.OPERATOR_TABLE, int(w))
+            rows.append(H.operator_window(app, op, w, level, threads=threads))
+    H.write_operator_table(config, rows)
 
 
 def test_fit_runs_on_a_standalone_master_and_worker(standalone_cluster, tmp_path):

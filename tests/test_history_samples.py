@@ -5,6 +5,11 @@ Holds no tests itself; the history test modules import it.
 
 from __future__ import annotations
 
+import pandas as pd
+
+from spark_stream import job
+from spark_stream import schema as S
+
 T0 = 1_700_000_000.0
 SLOT_SECONDS = 10.0
 OPERATORS = [("wc", "split", 2), ("wc", "count", 3), ("http", "parse", 1)]
@@ -69,3 +74,40 @@ def expected_operator(app: str, operator: str, slot: int) -> dict:
         k: sum(s[k] for s in samples)
         for k in ("arrivals", "executed", "emitted", "cpu_seconds", "queue_length")
     }
+
+
+def operator_window(
+    app: str, operator: str, window: int, arrivals: float, threads: int = 1, kappa: float = 0.002
+) -> dict:
+    """One row of the operator table as the streaming job writes it: every arrival
+    executed, two tuples emitted per tuple, ``kappa`` CPU-seconds per tuple."""
+    start = pd.Timestamp(T0 + SLOT_SECONDS * window, unit="s", tz="UTC")
+    return {
+        "app": app,
+        "operator": operator,
+        "window_start": start,
+        "window_end": start + pd.Timedelta(seconds=SLOT_SECONDS),
+        "slot_first": window,
+        "slot_last": window,
+        "slots": 1,
+        "samples": threads,
+        "instances": float(threads),
+        "stateful": False,
+        "arrivals": arrivals,
+        "executed": arrivals,
+        "emitted": arrivals * 2,
+        "cpu_seconds": arrivals * kappa,
+        "latency_sum_seconds": 1.0,
+        "latency_count": 10.0,
+        "service_seconds": 0.01,
+        "queue_length": 1.0,
+        "cap_cores": None,
+        "batch_id": window,
+    }
+
+
+def write_operator_table(config, rows: list[dict]) -> None:
+    """Write operator windows into the history table, one batch file per window."""
+    frame = pd.DataFrame(rows)
+    for w, part in frame.groupby("batch_id"):
+        job.write_partitioned(part, config.operators_dir, S.OPERATOR_TABLE, int(w))

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from controller.history import HistoryReader
-from controller.spool import SpoolWriter, encode_slot
 from dsched.config import ConfigError, from_dict
 from spark_stream import schema as S
 from spark_stream.config import HistoryConfig
 from spark_stream.daemon import load_history_config
+from spark_stream.reader import HistoryReader
+from spark_stream.spool import SpoolWriter, encode_slot
 from tests import test_history_samples as H
 
 

@@ -12,12 +12,12 @@ import time
 import pandas as pd
 import pytest
 
-from controller.history import HistoryReader
-from controller.spool import SpoolWriter
 from spark_stream import job
 from spark_stream.config import HistoryConfig
 from spark_stream.embedded import EmbeddedHistory
 from spark_stream.fit import fit_models
+from spark_stream.reader import HistoryReader
+from spark_stream.spool import SpoolWriter
 from tests import test_history_samples as H
 
 pytestmark = pytest.mark.spark

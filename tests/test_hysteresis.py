@@ -1,4 +1,6 @@
-"""Raise at once, lower after theta/2 of accumulated decrease, quantize (DESIGN §4 step 6)."""
+"""Raise at once, lower after theta/2 of accumulated decrease, quantize (epoch step 6,
+docs/architecture.md; Liu et al., "An Adaptive Online Scheme for Scheduling and Resource
+Enforcement in Storm", §III.A.2)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.hysteresis import HysteresisState, quantize, step
+from controller.stages.hysteresis import HysteresisState, quantize, step
 
 
 @pytest.mark.parametrize(
@@ -35,32 +37,49 @@ def test_quantized_cap_has_margin_and_is_a_multiple(demand, theta):
     assert math.isclose(cap / theta, round(cap / theta), abs_tol=1e-6)
 
 
+def _step(s: HysteresisState, demand: float, theta: float):
+    """One step; the state it returns replaces ``s`` (step is pure)."""
+    r = step(s, demand, theta)
+    return r, r.state
+
+
 def test_raise_at_once_lower_only_after_half_theta_of_decrease():
     s = HysteresisState()
-    assert step(s, 0.5, 0.2).reason == "first" and s.cap == pytest.approx(0.6)
-    assert step(s, 0.71, 0.2).reason == "raise" and s.cap == pytest.approx(1.0)
+    r, s = _step(s, 0.5, 0.2)
+    assert r.reason == "first" and s.cap == pytest.approx(0.6)
+    r, s = _step(s, 0.71, 0.2)
+    assert r.reason == "raise" and s.cap == pytest.approx(1.0)
     # The quantized target is already lower (0.8), but the cap holds until the
     # decreases accumulated since the raise reach theta/2 = 0.1.
-    assert step(s, 0.69, 0.2).reason == "hold" and s.cap == pytest.approx(1.0)
-    assert step(s, 0.65, 0.2).reason == "hold" and s.cap == pytest.approx(1.0)
-    r = step(s, 0.60, 0.2)
+    r, s = _step(s, 0.69, 0.2)
+    assert r.reason == "hold" and s.cap == pytest.approx(1.0)
+    r, s = _step(s, 0.65, 0.2)
+    assert r.reason == "hold" and s.cap == pytest.approx(1.0)
+    r, s = _step(s, 0.60, 0.2)
     assert r.reason == "lower" and s.cap == pytest.approx(quantize(0.60, 0.2)) == pytest.approx(0.8)
 
 
 def test_a_rise_under_the_cap_cancels_part_of_an_earlier_fall():
     s = HysteresisState()
-    step(s, 1.0, 0.2)
+    _, s = _step(s, 1.0, 0.2)
     cap = s.cap
-    step(s, 0.95, 0.2)  # -0.05
-    step(s, 0.99, 0.2)  # +0.04: net -0.01
-    assert step(s, 0.94, 0.2).reason == "hold" and s.cap == cap  # net -0.06 < 0.1
+    _, s = _step(s, 0.95, 0.2)  # -0.05
+    _, s = _step(s, 0.99, 0.2)  # +0.04: net -0.01
+    r, s = _step(s, 0.94, 0.2)
+    assert r.reason == "hold" and s.cap == cap  # net -0.06 < 0.1
+
+
+def test_step_leaves_its_input_state_alone():
+    s = HysteresisState(cap=1.0, demand=1.0)
+    r = step(s, 0.2, 0.1)
+    assert s == HysteresisState(cap=1.0, demand=1.0) and r.state.demand == 0.2
 
 
 @given(st.lists(st.floats(0, 4, allow_nan=False), min_size=1, max_size=60))
 def test_cap_never_below_quantized_current_demand(demands):
     s = HysteresisState()
     for d in demands:
-        r = step(s, d, 0.1)
+        r, s = _step(s, d, 0.1)
         assert r.cap >= quantize(d, 0.1) - 1e-9 or r.reason == "hold"
         assert r.cap >= d  # the cap always covers this epoch's demand
 

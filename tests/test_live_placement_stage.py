@@ -8,17 +8,18 @@ import urllib.request
 
 import pytest
 
-from controller.migration import (
+from controller.placement.migration import (
     LogOnlyMoveActuator,
     TestbedMoveActuator,
     get_move_actuator,
     plan_from_dict,
     plan_to_dict,
 )
-from controller.placement_stage import (
-    build_cluster_state,
+from controller.placement.stage import (
+    build_placement_input,
     current_from_histories,
     dags_from_topologies,
+    demands_from_record,
     placement_summary,
     plan_placement,
 )
@@ -46,6 +47,10 @@ def _record(split_cores: float, count_cores: float = 0.1) -> dict:
     }
 
 
+def _demands(split_cores: float, count_cores: float = 0.1):
+    return demands_from_record(_record(split_cores, count_cores))
+
+
 def _current() -> dict[str, tuple[str, bool]]:
     return {
         f"{APP}/{op}/{i}": (
@@ -62,13 +67,13 @@ CAPACITY = {"n1": 0.7, "n2": 0.7}
 def test_no_plan_when_no_node_is_overloaded_and_none_can_be_emptied():
     # n1 carries 0.52 of 0.6 usable; n2's 0.1 does not fit in n1's 0.08 spare.
     assert (
-        plan_placement(_record(0.16), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
+        plan_placement(_demands(0.16), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
         is None
     )
 
 
 def test_overloaded_node_moves_only_stateless_instances_when_that_suffices():
-    plan = plan_placement(_record(0.3), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
+    plan = plan_placement(_demands(0.3), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
     assert plan is not None and plan.feasible
     assert plan.moves and all(not m.stateful for m in plan.moves)
     assert {m.from_node for m in plan.moves} == {"n1"}
@@ -88,7 +93,7 @@ def test_node_that_can_be_emptied_gets_a_scale_in_plan_once_low_load_persists():
 
     def plan(split_cores: float):
         return plan_placement(
-            _record(split_cores), CAPACITY, _current(), strategy, headroom_cores=0.1, dags=DAG
+            _demands(split_cores), CAPACITY, _current(), strategy, headroom_cores=0.1, dags=DAG
         )
 
     assert plan(0.05) is None
@@ -109,7 +114,7 @@ def test_scale_in_can_be_switched_off():
     strategy = get_strategy("liu", scale_in=False)
     assert (
         plan_placement(
-            _record(0.05),
+            _demands(0.05),
             CAPACITY,
             _current(),
             strategy,
@@ -123,7 +128,7 @@ def test_scale_in_can_be_switched_off():
 
 def test_instances_on_a_vanished_node_are_placed_again():
     plan = plan_placement(
-        _record(0.05), {"n1": 1.0}, _current(), "liu", headroom_cores=0.1, dags=DAG
+        _demands(0.05), {"n1": 1.0}, _current(), "liu", headroom_cores=0.1, dags=DAG
     )
     assert plan is not None
     assert [(m.instance, m.from_node, m.to_node) for m in plan.moves] == [
@@ -133,11 +138,11 @@ def test_instances_on_a_vanished_node_are_placed_again():
 
 def test_strategies_are_chosen_by_name():
     plan = plan_placement(
-        _record(0.3), CAPACITY, _current(), "rstorm", headroom_cores=0.1, dags=DAG
+        _demands(0.3), CAPACITY, _current(), "rstorm", headroom_cores=0.1, dags=DAG
     )
     assert plan is not None and plan.strategy == "rstorm"
     with pytest.raises(ValueError, match="unknown placement strategy"):
-        plan_placement(_record(0.3), CAPACITY, _current(), "nope")
+        plan_placement(_demands(0.3), CAPACITY, _current(), "nope")
 
 
 def test_current_comes_from_the_controller_histories():
@@ -171,16 +176,18 @@ def test_dags_come_from_the_learnt_topologies():
 )
 def test_bad_input_names_the_parameter(record, current, headroom, match):
     with pytest.raises(ValueError, match=match):
-        plan_placement(record, CAPACITY, current, "liu", headroom_cores=headroom)
+        plan_placement(
+            demands_from_record(record), CAPACITY, current, "liu", headroom_cores=headroom
+        )
 
 
 def test_bad_capacity_names_the_node():
     with pytest.raises(ValueError, match="capacity_cores of node n1"):
-        build_cluster_state(_record(0.1), {"n1": -1.0, "n2": 1.0}, _current())
+        build_placement_input(_demands(0.1), {"n1": -1.0, "n2": 1.0}, _current())
 
 
 def test_plans_survive_json_and_malformed_plans_are_refused():
-    plan = plan_placement(_record(0.3), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
+    plan = plan_placement(_demands(0.3), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
     again = plan_from_dict(json.loads(json.dumps(plan_to_dict(plan))))
     assert again == plan
     with pytest.raises(ValueError, match="'moves' must be a list"):
@@ -219,7 +226,7 @@ def test_plans_survive_json_and_malformed_plans_are_refused():
 
 
 def test_log_only_actuator_moves_nothing_and_keeps_the_plan():
-    plan = plan_placement(_record(0.3), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
+    plan = plan_placement(_demands(0.3), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
     actuator = get_move_actuator("log-only")
     assert isinstance(actuator, LogOnlyMoveActuator)
     result = actuator.execute(plan)
@@ -240,7 +247,7 @@ def test_move_actuator_names_and_options_are_checked():
 
 
 def test_endpoint_refuses_malformed_plans_and_unknown_applications():
-    plan = plan_placement(_record(0.3), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
+    plan = plan_placement(_demands(0.3), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
     with MoveEndpoint({}) as endpoint:
         request = urllib.request.Request(
             f"{endpoint.url}/moves", data=b'{"moves": 3}', method="POST"
@@ -258,7 +265,7 @@ def test_endpoint_refuses_malformed_plans_and_unknown_applications():
 
 
 def test_unreachable_testbed_is_reported_not_raised():
-    plan = plan_placement(_record(0.3), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
+    plan = plan_placement(_demands(0.3), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
     with MoveEndpoint({}) as endpoint:
         url = endpoint.url
     result = TestbedMoveActuator(url, timeout_seconds=2).execute(plan)

@@ -9,15 +9,15 @@ import pytest
 
 from controller.placement import (
     STRATEGIES,
-    ClusterState,
     Instance,
     Node,
+    PlacementInput,
     Worker,
     get_strategy,
 )
 
 
-def _state(**overrides) -> ClusterState:
+def _state(**overrides) -> PlacementInput:
     fields = dict(
         nodes=(Node("n0", 2.0), Node("n1", 2.0)),
         instances=(
@@ -29,7 +29,7 @@ def _state(**overrides) -> ClusterState:
         traffic={("wc/split/0", "wc/count/0"): 50.0},
     )
     fields.update(overrides)
-    return ClusterState(**fields)
+    return PlacementInput(**fields)
 
 
 @pytest.mark.parametrize("value", [-0.1, math.nan, math.inf, "2"])

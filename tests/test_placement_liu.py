@@ -8,12 +8,12 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.placement import ClusterState, Instance, Node, Worker, apply_plan, get_strategy
+from controller.placement import Instance, Node, PlacementInput, Worker, apply_plan, get_strategy
 from controller.placement.common import current_fits, first_fit_decreasing
 
 
 @st.composite
-def clusters(draw) -> ClusterState:
+def clusters(draw) -> PlacementInput:
     """Random nodes, apps with random DAGs (edges only forward, so acyclic) and demands."""
     node_count = draw(st.integers(1, 5))
     nodes = [Node(f"n{k}", draw(st.floats(0.5, 4.0, allow_nan=False))) for k in range(node_count)]
@@ -48,11 +48,11 @@ def clusters(draw) -> ClusterState:
             for s in by_op[up]:
                 for r in by_op[down]:
                     traffic[(s.id, r.id)] = draw(st.floats(0.0, 100.0, allow_nan=False))
-    return ClusterState(tuple(nodes), tuple(instances), (), dags, traffic)
+    return PlacementInput(tuple(nodes), tuple(instances), (), dags, traffic)
 
 
 @st.composite
-def running_clusters(draw) -> ClusterState:
+def running_clusters(draw) -> PlacementInput:
     """A cluster placed by ``liu`` whose demands then change (grow or shrink)."""
     initial = draw(clusters())
     placed = apply_plan(initial, get_strategy("liu").plan(initial))
@@ -60,10 +60,10 @@ def running_clusters(draw) -> ClusterState:
         replace(i, demand_cores=i.demand_cores * draw(st.floats(0.2, 2.5, allow_nan=False)))
         for i in placed.instances
     )
-    return ClusterState(placed.nodes, changed, placed.workers, placed.dags, placed.traffic)
+    return PlacementInput(placed.nodes, changed, placed.workers, placed.dags, placed.traffic)
 
 
-def _kinds_per_worker(state: ClusterState, plan) -> dict[str, set[tuple[str, bool]]]:
+def _kinds_per_worker(state: PlacementInput, plan) -> dict[str, set[tuple[str, bool]]]:
     instances = state.instance_map()
     out: dict[str, set[tuple[str, bool]]] = {}
     for inst, (worker, _) in plan.assignment.items():
@@ -155,13 +155,13 @@ def _wordcount(demands: dict[str, float], capacity: float = 2.0, nodes: int = 3)
             worker = f"wc@{node}:{'sf' if stateful else 'sl'}"
             instances.append(Instance("wc", op, k, demands[op], stateful, worker, node))
     dags = {"wc": (("spout", "split"), ("split", "count"))}
-    return ClusterState(node_list, tuple(instances), workers, dags, {})
+    return PlacementInput(node_list, tuple(instances), workers, dags, {})
 
 
-def _cluster(nodes: tuple[Node, ...], insts: tuple[Instance, ...], dags=None) -> ClusterState:
+def _cluster(nodes: tuple[Node, ...], insts: tuple[Instance, ...], dags=None) -> PlacementInput:
     """A cluster whose workers are the ones its instances name (each holds one kind)."""
     workers = {i.worker: Worker(i.worker, i.app, i.node, i.stateful) for i in insts}
-    return ClusterState(nodes, insts, tuple(workers.values()), dags or {})
+    return PlacementInput(nodes, insts, tuple(workers.values()), dags or {})
 
 
 def test_liu_moves_only_stateless_instances_when_that_suffices():
@@ -187,7 +187,7 @@ def test_liu_disrupts_the_stateful_worker_when_stateless_ones_alone_do_not_fit()
         Instance("wc", "count", 0, 1.1, True, "wc@n0:sf", "n0"),
         Instance("wc", "count", 1, 1.1, True, "wc@n0:sf", "n0"),
     )
-    state = ClusterState(nodes, insts, workers, {"wc": (("split", "count"),)})
+    state = PlacementInput(nodes, insts, workers, {"wc": (("split", "count"),)})
     plan = get_strategy("liu", scale_in=False).plan(state)
     assert plan.feasible
     assert plan.affected_workers == ("wc@n0:sf",)
@@ -198,7 +198,7 @@ def test_liu_disrupts_the_stateful_worker_when_stateless_ones_alone_do_not_fit()
     assert move.to_node == "n1" and move.to_worker.endswith(":sf")
 
 
-def _fragmented(x_sf: float, x_sl: float, y_sf: float, y_sl: float) -> ClusterState:
+def _fragmented(x_sf: float, x_sl: float, y_sf: float, y_sl: float) -> PlacementInput:
     """Two nodes of 1 core: x's stateful and stateless workers on n0, y's on n1.
 
     x: b (stateless) -> s (stateful); y: u (stateless) -> t (stateful).
@@ -340,7 +340,7 @@ def test_liu_default_patience_is_five_minutes_of_default_slots():
     assert any(r.startswith("scale in: emptied node n0") for r in plan.reasons)
 
 
-def _waiting_cluster(stateful_on_n1: float) -> ClusterState:
+def _waiting_cluster(stateful_on_n1: float) -> PlacementInput:
     """n0 full; n1 holds a stateful worker of b and is emptiable (n2 has room for
     it); n2 holds only a stateless worker, whose only possible target is n1."""
     nodes = tuple(Node(f"n{k}", 2.0) for k in range(3))
@@ -389,13 +389,13 @@ def test_liu_never_moves_a_stateful_worker_onto_a_waiting_node():
         Worker("c@n2:sf", "c", "n2", True),
     )
 
-    def state(b_demand: float) -> ClusterState:
+    def state(b_demand: float) -> PlacementInput:
         insts = (
             Instance("a", "src", 0, 1.9, False, "a@n0:sl", "n0"),
             Instance("b", "agg", 0, b_demand, True, "b@n1:sf", "n1"),
             Instance("c", "agg", 0, 0.2, True, "c@n2:sf", "n2"),
         )
-        return ClusterState(nodes, insts, workers)
+        return PlacementInput(nodes, insts, workers)
 
     liu = get_strategy("liu", scale_in_patience=2)
     # n1 at 2.5 cores: n2's 0.2 fits on n1, so n2 is emptiable; n1 fits nowhere.
@@ -434,7 +434,7 @@ def test_liu_moves_nothing_onto_a_node_waiting_to_be_emptied():
 
 def test_liu_replaces_instances_of_a_vanished_node():
     state = _wordcount({"spout": 0.2, "split": 0.3, "count": 0.3})
-    gone = ClusterState(
+    gone = PlacementInput(
         tuple(n for n in state.nodes if n.id != "n1"),
         state.instances,
         state.workers,
@@ -459,7 +459,7 @@ def test_liu_separates_a_mixed_worker_it_finds():
         Instance("wc", "split", 0, 0.5, False, "wc@n0", "n0"),
         Instance("wc", "count", 0, 0.5, True, "wc@n0", "n0"),
     )
-    plan = get_strategy("liu").plan(ClusterState(nodes, insts, (worker,)))
+    plan = get_strategy("liu").plan(PlacementInput(nodes, insts, (worker,)))
     assert plan.mixed_workers == 0
     assert any("mixes stateful and stateless" in r for r in plan.reasons)
 
@@ -508,12 +508,12 @@ def test_liu_first_placement_keeps_room_for_stateful_peaks_and_packs_stateless()
         Instance("a", "src", 0, 0.3, False, peak_demand_cores=1.5),
         Instance("a", "src", 1, 0.3, False, peak_demand_cores=1.5),
     )
-    plan = get_strategy("liu").plan(ClusterState(nodes, insts, (), {"a": (("src", "agg"),)}))
+    plan = get_strategy("liu").plan(PlacementInput(nodes, insts, (), {"a": (("src", "agg"),)}))
     node = {i: n for i, (_, n) in plan.assignment.items()}
     assert node["a/agg/0"] != node["a/agg/1"]  # 3.0 cores of peaks: not on one node
     assert node["a/src/0"] == node["a/src/1"]  # stateless instances pack by demand
     assert plan.nodes_used == 2
-    flat = ClusterState(nodes, tuple(replace(i, peak_demand_cores=None) for i in insts), (), {})
+    flat = PlacementInput(nodes, tuple(replace(i, peak_demand_cores=None) for i in insts), (), {})
     assert get_strategy("liu").plan(flat).nodes_used == 1
 
 

@@ -6,9 +6,9 @@ import pytest
 
 from controller.placement import (
     STRATEGIES,
-    ClusterState,
     Instance,
     Node,
+    PlacementInput,
     apply_plan,
     get_strategy,
 )
@@ -28,7 +28,7 @@ def _pipeline(demand: float = 0.25, nodes: int = 3, capacity: float = 2.0, rate:
         for b in insts
         if (a.operator, b.operator) in edges and a.index == b.index
     }
-    return ClusterState(
+    return PlacementInput(
         tuple(Node(f"n{k}", capacity) for k in range(nodes)),
         tuple(insts),
         (),
@@ -120,7 +120,7 @@ def _split_pipeline():
     from controller.placement import Worker
 
     workers = tuple(Worker(f"p@n{k}", "p", f"n{k}", None) for k in range(3))
-    return ClusterState(state.nodes, insts, workers, state.dags, state.traffic)
+    return PlacementInput(state.nodes, insts, workers, state.dags, state.traffic)
 
 
 def test_aniello_online_reschedules_only_when_traffic_falls_more_than_threshold():
@@ -155,7 +155,7 @@ def test_liu_affects_fewer_stateful_workers_than_a_mixed_worker_placer():
     results = {}
     for name in ("liu", "rstorm"):
         placed = apply_plan(state, get_strategy(name).plan(state))
-        grown = ClusterState(
+        grown = PlacementInput(
             placed.nodes,
             tuple(
                 Instance(

@@ -37,8 +37,8 @@ def test_controller_learns_the_dag_and_caps_every_instance(small_run):
         sim.run_steps(sc.steps_per_epoch)
         policy.on_epoch(sim, observe(sim, prev, e))
     ctl = policy.controller
-    assert not ctl.state.rejected, dict(ctl.state.rejected)
-    topo = ctl.state.topologies[sc.apps[0].name]
+    assert not ctl.cluster.rejected, dict(ctl.cluster.rejected)
+    topo = ctl.cluster.topologies[sc.apps[0].name]
     assert topo.operators == ["op0", "op1", "op2", "op3"]
     assert topo.parents["op1"] == ("op0",) and topo.stateful["op2"] is True
     active = np.flatnonzero(sim.active)
@@ -168,7 +168,7 @@ def test_bench_scale_reports_controller_cost(tmp_path):
 def test_operators_idle_for_longer_than_the_window_do_not_fail_an_epoch():
     """At scale some operator always processed nothing in the last phi epochs; that
     once made predict.cost.cpu_per_tuple raise and failed the whole epoch
-    (controller.pipeline.operator_cost now keeps or charges a cost instead)."""
+    (controller.stages.forecast.operator_cost now keeps or charges a cost instead)."""
     from testbed.sim.scenario import SEED004_CLASSES, AppSpec, ArrivalSpec, OperatorSpec, Scenario
 
     ops = tuple(OperatorSpec(f"op{k}", 0.004, 0.7) for k in range(3))
@@ -187,7 +187,7 @@ def test_operators_idle_for_longer_than_the_window_do_not_fail_an_epoch():
         assert policy.failed_epochs == []
         assert len(policy.epoch_seconds) == sc.epochs
         ctl = policy.controller
-        assert {"busy", "pause"} <= set(ctl.state.topologies)
+        assert {"busy", "pause"} <= set(ctl.cluster.topologies)
     finally:
         policy.close()
     assert (

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from controller.model import InstanceKey, topological_order
-from controller.state import ClusterState
+from controller.edges.cluster import ObservedCluster
+from controller.model import InstanceKey
+from dsched.dag import topological_order
 from dsched_pb import dsched_pb2 as pb
 
 NOW = 1_700_000_000.0
@@ -58,8 +59,8 @@ def report(ts, *samples, node="n1", slot=1, slot_seconds=1.0) -> pb.NodeReport:
 
 
 @pytest.fixture
-def state() -> ClusterState:
-    st = ClusterState(depth=5)
+def state() -> ObservedCluster:
+    st = ObservedCluster(depth=5)
     st.agent_connected(hello(), now=NOW)
     return st
 
@@ -75,7 +76,7 @@ def test_consecutive_reports_become_slot_deltas(state):
     )
     assert res.accepted == 1 and not res.rejected
     (s,) = state.histories[k].slots
-    assert (s.received, s.executed, s.emitted, s.seconds) == (200, 190, 900, 2.0)
+    assert (s.arrivals, s.executed, s.emitted, s.seconds) == (200, 190, 900, 2.0)
     assert s.usage_cores == pytest.approx(0.25)
     assert s.queue_length == 20
     assert state.topologies["wc"].parents == {"split": ("source",)}
@@ -114,7 +115,7 @@ def test_counter_that_went_backwards_resets_the_baseline(state):
     assert res.rejected["counter_reset"] == 1 and k not in state.histories
     state.ingest(report(NOW + 2, sample(received=40, executed=35), slot=3), now=NOW + 2)
     (s,) = state.histories[k].slots
-    assert (s.received, s.executed) == (30, 25)
+    assert (s.arrivals, s.executed) == (30, 25)
 
 
 def test_far_future_duplicate_and_unknown_reports_are_refused(state):
@@ -141,7 +142,7 @@ def test_names_that_could_escape_a_path_are_refused(state, app):
 
 
 def test_hello_with_nonsense_capacity_is_refused():
-    st = ClusterState()
+    st = ObservedCluster()
     with pytest.raises(ValueError, match="cpu_capacity_cores"):
         st.agent_connected(hello(cores=math.nan))
     with pytest.raises(ValueError):
@@ -149,7 +150,7 @@ def test_hello_with_nonsense_capacity_is_refused():
 
 
 def test_vanished_instances_are_forgotten():
-    st = ClusterState(depth=3, forget_after_seconds=10)
+    st = ObservedCluster(depth=3, forget_after_seconds=10)
     st.agent_connected(hello(), now=NOW)
     st.ingest(report(NOW, sample(op="a", upstream=()), sample(op="b", upstream=("a",))), now=NOW)
     st.ingest(

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from testbed.live.engine import Acker, LiveTopology, OperatorSpec, TopologySpec, Tuple
+from testbed.live.engine import LiveTopology
+from testbed.live.topology import Acker, OperatorSpec, TopologySpec, Tuple
 from testbed.live.wordcount import FANOUT, WORDS_PER_SENTENCE, wordcount
 
 

@@ -6,7 +6,7 @@ config)::
     strategy = get_strategy("liu")
     plan = strategy.plan(state, headroom_cores=0.2)
 
-``state`` is a :class:`ClusterState` (nodes, workers, instances with predicted
+``state`` is a :class:`PlacementInput` (nodes, workers, instances with predicted
 demand, DAGs, measured traffic); the :class:`Plan` lists the moves, the new
 assignment and what they cost (affected workers, stateful moves, nodes used,
 inter-node traffic before and after). The package is pure: no I/O; carrying a
@@ -14,8 +14,6 @@ plan out belongs to an actuator.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from controller.placement.baselines import (
     AnielloOfflineStrategy,
@@ -28,39 +26,39 @@ from controller.placement.common import PlacementStrategy, apply_plan
 from controller.placement.liu import LiuStrategy
 from controller.placement.mips import MipsStrategy
 from controller.placement.model import (
-    ClusterState,
     Instance,
     Move,
     Node,
+    PlacementInput,
     Plan,
     Worker,
     instance_id,
 )
+from dsched.registry import Registry
 
 DEFAULT_STRATEGY = "liu"
 
-STRATEGIES: dict[str, Callable[..., PlacementStrategy]] = {
-    "liu": LiuStrategy,
-    "even": EvenStrategy,
-    "rstorm": RStormStrategy,
-    "sam": SamStrategy,
-    "aniello-offline": AnielloOfflineStrategy,
-    "aniello-online": AnielloOnlineStrategy,
-    "mips": MipsStrategy,
-}
+#: Placement strategies by name (config key ``placement``); each factory takes
+#: the strategy's options (config table ``[placement_options.<name>]``).
+STRATEGIES: Registry[PlacementStrategy] = Registry("placement strategy", "placement")
+STRATEGIES.add("liu", LiuStrategy)
+STRATEGIES.add("even", EvenStrategy)
+STRATEGIES.add("rstorm", RStormStrategy)
+STRATEGIES.add("sam", SamStrategy)
+STRATEGIES.add("aniello-offline", AnielloOfflineStrategy)
+STRATEGIES.add("aniello-online", AnielloOnlineStrategy)
+STRATEGIES.add("mips", MipsStrategy)
 
 
 def get_strategy(name: str = DEFAULT_STRATEGY, **options: object) -> PlacementStrategy:
     """The strategy called ``name``, built with ``options``.
 
-    Unknown names and unknown or out-of-range options raise ValueError.
+    Unknown names (:class:`~dsched.registry.UnknownPlugin`, a ValueError) and
+    unknown or out-of-range options raise ValueError.
     """
-    if name not in STRATEGIES:
-        raise ValueError(
-            f"unknown placement strategy {name!r}; known: {', '.join(sorted(STRATEGIES))}"
-        )
+    factory = STRATEGIES.factory(name)
     try:
-        return STRATEGIES[name](**options)
+        return factory(**options)
     except TypeError as exc:
         raise ValueError(f"bad option for placement strategy {name!r}: {exc}") from None
 
@@ -68,7 +66,7 @@ def get_strategy(name: str = DEFAULT_STRATEGY, **options: object) -> PlacementSt
 __all__ = [
     "DEFAULT_STRATEGY",
     "STRATEGIES",
-    "ClusterState",
+    "PlacementInput",
     "Instance",
     "Move",
     "Node",

@@ -1,4 +1,4 @@
-"""The other seeds' placers behind the same interface: ``even``, ``rstorm``, ``sam``,
+"""The other papers' placers behind the same interface: ``even``, ``rstorm``, ``sam``,
 ``aniello-offline`` and ``aniello-online``.
 
 They were designed to place a topology from scratch, so they keep the current
@@ -27,7 +27,7 @@ from controller.placement.common import (
     least_loaded_fallback,
     neighbours,
 )
-from controller.placement.model import ClusterState, Instance, operator_order
+from controller.placement.model import Instance, PlacementInput, operator_order
 
 
 def _check_number(name: str, value: object, low: float, high: float = math.inf) -> float:
@@ -49,7 +49,7 @@ def _check_count(name: str, value: object) -> int | None:
 class ReplanningStrategy(PlacementStrategy):
     """Keep the placement while it fits; otherwise place everything again."""
 
-    def decide(self, state: ClusterState, headroom_cores: float) -> Decision:
+    def decide(self, state: PlacementInput, headroom_cores: float) -> Decision:
         ok, why = current_fits(state, headroom_cores)
         if ok:
             return Decision(keep_current(state), (why,))
@@ -57,12 +57,12 @@ class ReplanningStrategy(PlacementStrategy):
         return Decision(groups, (why + "; placing every instance again", *reasons))
 
     def fresh(
-        self, state: ClusterState, headroom_cores: float
+        self, state: PlacementInput, headroom_cores: float
     ) -> tuple[dict[str, GroupKey], list[str]]:
         raise NotImplementedError
 
 
-def _by_app_bfs(state: ClusterState) -> dict[str, list[Instance]]:
+def _by_app_bfs(state: PlacementInput) -> dict[str, list[Instance]]:
     out: dict[str, list[Instance]] = defaultdict(list)
     for inst in bfs_instances(state):
         out[inst.app].append(inst)
@@ -95,8 +95,9 @@ class EvenStrategy(ReplanningStrategy):
 
 
 class RStormStrategy(ReplanningStrategy):
-    """R-Storm (seeds/000 §7.3): one instance of each operator per sweep in BFS
-    order, each to the node with the smallest distance
+    """R-Storm as described in "Model-driven Scheduling for Distributed Stream
+    Processing Systems" (Shukla and Simmhan, §7.3): one instance of each
+    operator per sweep in BFS order, each to the node with the smallest distance
     ``w_cpu * (free - demand)^2 + w_net * [node != last node]`` that has room
     (free and demand as fractions of the largest node)."""
 
@@ -140,10 +141,10 @@ class RStormStrategy(ReplanningStrategy):
 
 
 class SamStrategy(ReplanningStrategy):
-    """Slot-Aware Mapping (seeds/000 §7.4): a full bundle (as many instances of one
-    operator as fill a slot of ``slot_cores``) gets an exclusive slot on the last
-    used node or the next; the partial bundle goes to the best-fit slot. Each slot
-    is a worker."""
+    """Slot-Aware Mapping (Shukla and Simmhan, §7.4): a full bundle (as many
+    instances of one operator as fill a slot of ``slot_cores``) gets an exclusive
+    slot on the last used node or the next; the partial bundle goes to the
+    best-fit slot. Each slot is a worker."""
 
     name = "sam"
 
@@ -211,11 +212,11 @@ class SamStrategy(ReplanningStrategy):
 
 
 class AnielloOfflineStrategy(ReplanningStrategy):
-    """Aniello et al. offline scheduler (seeds/002 §3.1): operators in topological
-    order, each operator's instances into the workers that hold its upstream
-    operators' instances (at most M(alpha) per worker; empty workers allowed
-    once past beta of the operators), workers round-robin over nodes. Blind to
-    demand, as in the paper."""
+    """Offline scheduler of "Adaptive Online Scheduling in Storm" (Aniello et
+    al., §3.1): operators in topological order, each operator's instances into
+    the workers that hold its upstream operators' instances (at most M(alpha)
+    per worker; empty workers allowed once past beta of the operators), workers
+    round-robin over nodes. Blind to demand, as in the paper."""
 
     name = "aniello-offline"
 
@@ -270,7 +271,7 @@ class AnielloOfflineStrategy(ReplanningStrategy):
 
 
 class AnielloOnlineStrategy(PlacementStrategy):
-    """Aniello et al. online scheduler (seeds/002 §3.2): instances by decreasing
+    """Aniello et al. online scheduler (§3.2): instances by decreasing
     measured traffic, each to the node with room that keeps most of its traffic
     local (ties: most free cores, to balance load). The new placement is applied
     when the current one does not fit, or when it cuts inter-node traffic by more

@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 
 from controller.placement.model import (
     EPSILON_CORES,
-    ClusterState,
     Instance,
     Move,
+    PlacementInput,
     Plan,
     Worker,
     operator_order,
@@ -56,7 +56,7 @@ class PlacementStrategy(abc.ABC):
 
     name: str = ""
 
-    def plan(self, state: ClusterState, headroom_cores: float = 0.0) -> Plan:
+    def plan(self, state: PlacementInput, headroom_cores: float = 0.0) -> Plan:
         headroom_cores = check_headroom(headroom_cores)
         started = time.perf_counter()
         decision = self.decide(state, headroom_cores)
@@ -70,10 +70,10 @@ class PlacementStrategy(abc.ABC):
         )
 
     @abc.abstractmethod
-    def decide(self, state: ClusterState, headroom_cores: float) -> Decision:
+    def decide(self, state: PlacementInput, headroom_cores: float) -> Decision:
         """Group for every instance of ``state``."""
 
-    def observe(self, state: ClusterState, headroom_cores: float = 0.0) -> None:
+    def observe(self, state: PlacementInput, headroom_cores: float = 0.0) -> None:
         """An epoch in which the caller decided no plan was needed.
 
         Strategies that count epochs (``liu``'s scale-in patience) update their
@@ -94,7 +94,7 @@ def check_headroom(headroom_cores: float) -> float:
 
 
 def bfs_instances(
-    state: ClusterState, instances: Iterable[Instance] | None = None
+    state: PlacementInput, instances: Iterable[Instance] | None = None
 ) -> list[Instance]:
     """Instances in breadth-first order of their DAG (apps by name, then index)."""
     chosen = state.instances if instances is None else tuple(instances)
@@ -105,7 +105,7 @@ def bfs_instances(
     return sorted(chosen, key=lambda i: (i.app, rank[(i.app, i.operator)], i.index))
 
 
-def neighbours(state: ClusterState) -> dict[str, dict[str, float]]:
+def neighbours(state: PlacementInput) -> dict[str, dict[str, float]]:
     """Instance id -> {other instance id: tuples/s in both directions}."""
     out: dict[str, dict[str, float]] = defaultdict(dict)
     for (src, dst), rate in state.traffic.items():
@@ -116,7 +116,7 @@ def neighbours(state: ClusterState) -> dict[str, dict[str, float]]:
     return out
 
 
-def dag_neighbours(state: ClusterState) -> dict[str, set[str]]:
+def dag_neighbours(state: PlacementInput) -> dict[str, set[str]]:
     """Instance id -> instances of adjacent operators (for strategies that only see the DAG)."""
     by_op: dict[tuple[str, str], list[str]] = defaultdict(list)
     for inst in state.instances:
@@ -138,7 +138,7 @@ def fits(free_cores: float, demand: float) -> bool:
     return demand <= free_cores + EPSILON_CORES
 
 
-def node_loads(state: ClusterState, node_of: Mapping[str, str]) -> dict[str, float]:
+def node_loads(state: PlacementInput, node_of: Mapping[str, str]) -> dict[str, float]:
     loads = dict.fromkeys(state.node_ids, 0.0)
     demand = {i.id: i.demand_cores for i in state.instances}
     for inst, node in node_of.items():
@@ -148,7 +148,7 @@ def node_loads(state: ClusterState, node_of: Mapping[str, str]) -> dict[str, flo
 
 
 def overloaded_nodes(
-    state: ClusterState, node_of: Mapping[str, str], headroom_cores: float
+    state: PlacementInput, node_of: Mapping[str, str], headroom_cores: float
 ) -> tuple[str, ...]:
     loads = node_loads(state, node_of)
     return tuple(
@@ -156,7 +156,7 @@ def overloaded_nodes(
     )
 
 
-def current_fits(state: ClusterState, headroom_cores: float) -> tuple[bool, str]:
+def current_fits(state: PlacementInput, headroom_cores: float) -> tuple[bool, str]:
     """Whether the current placement is complete and within capacity, and if not, why."""
     placed = state.current_assignment()
     displaced = [i.id for i in state.instances if i.id not in placed]
@@ -168,7 +168,7 @@ def current_fits(state: ClusterState, headroom_cores: float) -> tuple[bool, str]
     return True, "current placement is complete and within capacity"
 
 
-def keep_current(state: ClusterState) -> dict[str, GroupKey]:
+def keep_current(state: PlacementInput) -> dict[str, GroupKey]:
     """Groups that reproduce the current placement exactly (one group per worker)."""
     workers = state.live_workers()
     return {
@@ -177,13 +177,13 @@ def keep_current(state: ClusterState) -> dict[str, GroupKey]:
     }
 
 
-def least_loaded_fallback(state: ClusterState, free: dict[str, float], demand: float) -> str:
+def least_loaded_fallback(state: PlacementInput, free: dict[str, float], demand: float) -> str:
     """The node with most free cores, for an instance that fits nowhere."""
     return max(state.node_ids, key=lambda n: (free[n] - demand, -state.node_index[n]))
 
 
 def first_fit_decreasing(
-    state: ClusterState, headroom_cores: float, fixed: Mapping[str, str] | None = None
+    state: PlacementInput, headroom_cores: float, fixed: Mapping[str, str] | None = None
 ) -> tuple[dict[str, str], bool]:
     """Instance -> node by first-fit decreasing over nodes in id order; and whether all fit.
 
@@ -219,7 +219,7 @@ def _worker_id(app: str, group: GroupKey) -> str:
 
 
 def name_workers(
-    state: ClusterState, groups: Mapping[str, GroupKey]
+    state: PlacementInput, groups: Mapping[str, GroupKey]
 ) -> tuple[dict[str, tuple[str, str]], tuple[Worker, ...]]:
     """Turn groups into workers, keeping existing worker ids where instances stay together.
 
@@ -283,7 +283,7 @@ def name_workers(
 # -- figures ------------------------------------------------------------------
 
 
-def inter_node_traffic(state: ClusterState, node_of: Mapping[str, str]) -> float:
+def inter_node_traffic(state: PlacementInput, node_of: Mapping[str, str]) -> float:
     """Tuples/s between instances on different nodes (pairs with an unknown node are skipped)."""
     total = 0.0
     for (src, dst), rate in state.traffic.items():
@@ -294,7 +294,7 @@ def inter_node_traffic(state: ClusterState, node_of: Mapping[str, str]) -> float
 
 
 def build_plan(
-    state: ClusterState,
+    state: PlacementInput,
     strategy: str,
     assignment: Mapping[str, tuple[str, str]],
     workers: tuple[Worker, ...],
@@ -360,7 +360,7 @@ def build_plan(
     )
 
 
-def apply_plan(state: ClusterState, plan: Plan, **changes) -> ClusterState:
+def apply_plan(state: PlacementInput, plan: Plan, **changes) -> PlacementInput:
     """The state after ``plan`` is carried out (for simulations and tests).
 
     ``changes`` replaces other fields (e.g. new demands come in as ``instances``
@@ -378,4 +378,4 @@ def apply_plan(state: ClusterState, plan: Plan, **changes) -> ClusterState:
         "traffic": state.traffic,
     }
     fields.update(changes)
-    return ClusterState(**fields)
+    return PlacementInput(**fields)

@@ -1,4 +1,5 @@
-"""``liu``: the online scheme of Liu et al. (seeds/001, Algorithms 1-3), the default.
+"""``liu``: the online scheme of Liu et al., "An Adaptive Online Scheme for
+Scheduling and Resource Enforcement in Storm" (Algorithms 1-3), the default.
 
 Each application has at most one stateful and one stateless worker per node, so
 moving stateless instances never restarts stateful ones. Per epoch:
@@ -79,7 +80,7 @@ from controller.placement.common import (
     first_fit_decreasing,
     fits,
 )
-from controller.placement.model import ClusterState, Instance
+from controller.placement.model import Instance, PlacementInput
 
 #: Consecutive plans a node holding a stateful worker must have been emptiable
 #: before scale in empties it. Emptying it restarts the worker and carries its
@@ -113,7 +114,7 @@ def _label(stateful: bool) -> str:
 class _Layout:
     """Mutable working copy: which instances sit in which (app, kind) worker of each node."""
 
-    state: ClusterState
+    state: PlacementInput
     headroom_cores: float
     members: dict[str, dict[WorkerSlot, set[str]]] = field(default_factory=dict)
     usable: set[tuple[str, WorkerSlot]] = field(default_factory=set)
@@ -238,7 +239,7 @@ class LiuStrategy(PlacementStrategy):
         # Node -> consecutive plans in which it could have been emptied.
         self._low_streak: dict[str, int] = {}
 
-    def observe(self, state: ClusterState, headroom_cores: float = 0.0) -> None:
+    def observe(self, state: PlacementInput, headroom_cores: float = 0.0) -> None:
         """An epoch passed without a plan: update what the strategy remembers of it."""
         headroom_cores = check_headroom(headroom_cores)
         layout = _Layout(state, headroom_cores)
@@ -247,7 +248,7 @@ class LiuStrategy(PlacementStrategy):
             return
         self._count_low(layout)
 
-    def decide(self, state: ClusterState, headroom_cores: float) -> Decision:
+    def decide(self, state: PlacementInput, headroom_cores: float) -> Decision:
         reasons: list[str] = []
         layout = _Layout(state, headroom_cores)
         instances = state.instance_map()
@@ -279,7 +280,7 @@ class LiuStrategy(PlacementStrategy):
 
     # -- current placement -----------------------------------------------------
 
-    def _load_current(self, state: ClusterState, layout: _Layout, reasons: list[str]) -> set[str]:
+    def _load_current(self, state: PlacementInput, layout: _Layout, reasons: list[str]) -> set[str]:
         """Fill ``layout`` from the state; return instances that must be placed again."""
         instances = state.instance_map()
         placed = state.current_assignment()
@@ -459,7 +460,7 @@ class LiuStrategy(PlacementStrategy):
         return None, ""
 
     def _repack(
-        self, state: ClusterState, headroom_cores: float
+        self, state: PlacementInput, headroom_cores: float
     ) -> tuple[dict[str, GroupKey], str] | None:
         """A first-fit-decreasing repack that fits, and what it kept; None if none fits.
 
@@ -484,7 +485,7 @@ class LiuStrategy(PlacementStrategy):
         return None
 
     @staticmethod
-    def _stateful_kept(state: ClusterState, headroom_cores: float) -> dict[str, str]:
+    def _stateful_kept(state: PlacementInput, headroom_cores: float) -> dict[str, str]:
         """Stateful instance -> its node, for the stateful workers their nodes can hold."""
         by_slot: dict[str, dict[str, list[Instance]]] = defaultdict(lambda: defaultdict(list))
         placed = state.current_assignment()

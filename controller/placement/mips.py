@@ -1,4 +1,5 @@
-"""``mips``: two-stage placement by Monte Carlo tree search (Huang et al., seeds/003).
+"""``mips``: two-stage placement by Monte Carlo tree search (Huang et al., "MIPS:
+Instance Placement for Stream Processing Systems based on Monte Carlo Tree Search").
 
 Stage 1 maps instances to containers (workers) of their application, stage 2
 maps containers to nodes. Each stage is a sequence of decisions (the next item

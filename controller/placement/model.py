@@ -1,6 +1,6 @@
 """Inputs and output of placement: the cluster as the planner sees it, and a plan.
 
-Everything is plain, validated data. A :class:`ClusterState` is built once per
+Everything is plain, validated data. A :class:`PlacementInput` is built once per
 epoch from the controller's view (nodes and their CPU capacity, workers, every
 instance with its predicted demand and current worker, each application's
 operator DAG and the measured traffic between instances). Strategies read it
@@ -15,12 +15,13 @@ no longer listed (the node died or was removed). Those instances are
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
 
+from dsched.dag import topological_order
+from dsched.ids import instance_id
 from dsched.names import check_name
 
 #: Capacity comparisons tolerate this much rounding in summed float demands.
@@ -35,11 +36,6 @@ def _check_cores(field_name: str, owner: str, value: object) -> float:
     if value < 0:
         raise ValueError(f"{field_name} of {owner} must be >= 0, got {value!r}")
     return float(value)
-
-
-def instance_id(app: str, operator: str, index: int) -> str:
-    """The instance's identity everywhere in the controller: ``app/operator/index``."""
-    return f"{app}/{operator}/{index}"
 
 
 @dataclass(frozen=True)
@@ -143,7 +139,7 @@ def _freeze(mapping: Mapping) -> Mapping:
 
 
 @dataclass(frozen=True)
-class ClusterState:
+class PlacementInput:
     """What a strategy plans from.
 
     ``dags`` maps an application to its operator edges (upstream, downstream);
@@ -258,34 +254,20 @@ def _unique(field_name: str, ids: list[str]) -> None:
         seen.add(i)
 
 
-def operator_order(state: ClusterState, app: str) -> list[str]:
+def operator_order(state: PlacementInput, app: str) -> list[str]:
     """Operators of ``app`` in breadth-first order from its sources.
 
     Operators that appear only in instances (no edges) come after, by name.
     Raises ValueError naming ``dags[app]`` when the graph has a cycle.
     """
-    edges = state.dags.get(app, ())
-    operators = {i.operator for i in state.instances if i.app == app}
-    for up, down in edges:
-        operators.update((up, down))
-    children: dict[str, list[str]] = {op: [] for op in operators}
-    indegree = dict.fromkeys(operators, 0)
-    for up, down in edges:
-        children[up].append(down)
-        indegree[down] += 1
-    # Kahn's algorithm gives a breadth-first order that respects every edge.
-    queue = deque(sorted(op for op, d in indegree.items() if d == 0))
-    order: list[str] = []
-    while queue:
-        op = queue.popleft()
-        order.append(op)
-        for child in sorted(children[op]):
-            indegree[child] -= 1
-            if indegree[child] == 0:
-                queue.append(child)
-    if len(order) != len(operators):
-        raise ValueError(f"dags[{app!r}] has a cycle")
-    return order
+    parents: dict[str, list[str]] = {i.operator: [] for i in state.instances if i.app == app}
+    for up, down in state.dags.get(app, ()):
+        parents.setdefault(up, [])
+        parents.setdefault(down, []).append(up)
+    try:
+        return topological_order(parents)
+    except ValueError:
+        raise ValueError(f"dags[{app!r}] has a cycle") from None
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ acts through the same knobs (caps, parallelism, placement). ``dsched`` goes
 through the unmodified production controller via simulated agents; the
 baselines are the policies users would otherwise pick:
 
-* ``err`` -- enhanced round robin of seeds/004: fixed threads per class
-  (8/4/2), placed round robin, skipping nodes marked over-utilized; uncapped.
+* ``err`` -- enhanced round robin of "QoS-aware CPU cap adjustment for timely
+  data-flow" (§5): fixed threads per class (8/4/2), placed round robin,
+  skipping nodes marked over-utilized; uncapped.
 * ``static-equal`` -- one instance per operator, every node's cores split
   equally among its instances, never changed.
 * ``rstorm-static`` -- R-Storm-like: each operator requests the CPU its
@@ -247,10 +248,11 @@ def controller_features() -> dict[str, object]:
     """What the controller in this tree offers the simulation (reported with results)."""
     from controller import core
     from controller.config import ControllerConfig
+    from controller.stages.allocation import ALLOCATORS
 
     names = {f.name for f in fields(ControllerConfig)}
     return {
-        "allocators": sorted(getattr(core, "ALLOCATORS", {})),
+        "allocators": ALLOCATORS.names(),
         "qos_classes": "qos" in names,
         "set_qos": hasattr(core.Controller, "set_qos"),
     }
@@ -258,12 +260,12 @@ def controller_features() -> dict[str, object]:
 
 def simulation_controller_config(sim: ClusterSim, state_dir: Path, allocator: str | None = None):
     """A ControllerConfig for the simulated cluster, using what this controller has."""
-    from controller import core
     from controller.config import ControllerConfig
+    from controller.stages.allocation import ALLOCATORS
 
     sc = sim.sc
     names = {f.name for f in fields(ControllerConfig)}
-    known = set(getattr(core, "ALLOCATORS", {"demand": None}))
+    known = set(ALLOCATORS.names())
     chosen = allocator or ("qos-dp" if "qos-dp" in known else "demand")
     per_instance = sc.total_cores / max(1, sim.n_ops)
     theta = float(min(0.1, max(0.001, round(per_instance / 4, 3))))
@@ -271,22 +273,22 @@ def simulation_controller_config(sim: ClusterSim, state_dir: Path, allocator: st
         "state_dir": state_dir,
         "mode": "enforce",
         "slot_seconds": sc.epoch_seconds,
-        "phi": 3,  # seeds/004: a history window of 3 epochs
+        "phi": 3,  # the QoS cap experiment: a history window of 3 epochs
         "theta_cores": theta,
         "min_cap_cores": theta / 2,
         "headroom_cores": 0.1,
         "allocator": chosen,
         "placement": "none",
-        "arima": False,
+        "predictors": ["linear_trend", "dag"],
         "forget_after_slots": 6,
     }
     if "qos" in names and sc.qos:
-        from controller.config import QosClassConfig, QosConfig
+        from controller.qos import QosClass, QosConfig
 
         values["qos"] = QosConfig(
             default_class=sc.qos[-1].name,
             classes={
-                c.name: QosClassConfig(c.target_latency_ms, c.max_violation_ratio, c.weight)
+                c.name: QosClass(c.name, c.target_latency_ms, c.max_violation_ratio, c.weight)
                 for c in sc.qos
             },
         )

@@ -3,9 +3,10 @@
 A :class:`Scenario` is plain, validated data. Builders produce the named
 scenarios of ``dsched bench sim``:
 
-* :func:`seed004` -- the QoS cap experiment of seeds/004 (4 nodes, 16 cores,
-  applications of four chained operators, three QoS classes, Poisson or Weibull
-  arrivals, a linear burst from epoch 40 to 51 held to the end);
+* :func:`seed004` -- the QoS cap experiment of "QoS-aware CPU cap adjustment
+  for timely data-flow" §5 (4 nodes, 16 cores, applications of four chained
+  operators, three QoS classes, Poisson or Weibull arrivals, a linear burst
+  from epoch 40 to 51 held to the end);
 * :func:`wordcount` -- a small source/split/count/sink chain on one 2-core node;
 * :func:`scale` -- many nodes and instances, for the controller's own cost.
 
@@ -202,8 +203,9 @@ class Scenario:
 
 # ---------------------------------------------------------------- seed004
 
-#: seeds/004 §5.1: three classes, allowed violation 1 %, 10 %, 50 %; targets are
-#: the end-to-end mean latencies the paper quotes for the burst phase.
+#: "QoS-aware CPU cap adjustment for timely data-flow" §5.1: three classes,
+#: allowed violation 1 %, 10 %, 50 %; targets are the end-to-end mean
+#: latencies the paper quotes for the burst phase.
 SEED004_CLASSES = (
     QosClassSpec("gold", 620.0, 0.01, 8.0),
     QosClassSpec("silver", 1100.0, 0.10, 3.0),

@@ -1,4 +1,6 @@
-"""Division of CPU between applications by QoS class (DESIGN §4 steps 4–5).
+"""Stage 4 of the epoch: division of CPU between applications by QoS class, and
+anti-saturation per node ("QoS-aware CPU cap adjustment for timely data-flow",
+the QoS-weighted dynamic program).
 
 * :func:`solve_qos_dp` -- the exact Bellman recursion over applications on
   discrete cap units, vectorized with numpy.
@@ -29,12 +31,17 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from controller.model import InstanceKey
 from controller.qos import QosClass
+from dsched.ids import InstanceKey
+from dsched.registry import Registry
 from predict.queueing import _ac_wait_array
+
+if TYPE_CHECKING:
+    from controller.stages.demand import InstanceDemand
 
 # Relative tolerance within which two DP values count as equal.
 TIE_RTOL = 1e-9
@@ -450,3 +457,74 @@ def _share_within_weight(granted: np.ndarray, extra: np.ndarray, weight: np.ndar
         if want > 0:
             out[grp] = extra[grp] * min(1.0, total / want)
     return out
+
+
+class Allocator(Protocol):
+    """Divide CPU: per-instance grants (cores), cuts with reasons, per-app summary."""
+
+    def allocate(
+        self,
+        demands: dict[InstanceKey, InstanceDemand],
+        capacity: dict[str, float],
+        classes: Mapping[str, QosClass],
+        latency_models: Mapping | None = None,
+    ) -> QosAllocation: ...
+
+
+@dataclass
+class DemandAllocator:
+    """Give every instance its demand, then keep each node under capacity - headroom
+    by scaling its instances down in proportion (anti-saturation)."""
+
+    headroom_cores: float = 0.0
+
+    def allocate(
+        self,
+        demands: dict[InstanceKey, InstanceDemand],
+        capacity: dict[str, float],
+        classes: Mapping[str, QosClass],
+        latency_models: Mapping | None = None,
+    ) -> QosAllocation:
+        alloc = QosAllocation({k: d.cores for k, d in demands.items()})
+        for node, cap in sorted(capacity.items()):
+            keys = [k for k, d in demands.items() if d.node == node]
+            total = sum(alloc.cores[k] for k in keys)
+            room = max(0.0, cap - self.headroom_cores)
+            if total > room > 0:
+                scale = room / total
+                for k in keys:
+                    granted = alloc.cores[k] * scale
+                    alloc.cut[k] = alloc.cores[k] - granted
+                    alloc.cores[k] = granted
+                alloc.notes.append(
+                    f"node {node}: demand {total:.2f} cores > {room:.2f} usable; scaled by {scale:.2f}"
+                )
+                alloc.overflow[node] = total - room
+                for k in keys:
+                    alloc.cut_reason[k] = f"node {node} full, scaled by {scale:.2f}"
+        for app in sorted({k.app for k in demands}):
+            keys = [k for k in demands if k.app == app]
+            want = sum(demands[k].cores for k in keys)
+            got = sum(alloc.cores[k] for k in keys)
+            qos = classes[app]
+            alloc.apps[app] = AppAllocation(
+                app, qos.name, qos.weight, want, 0.0, 0, got, want - got
+            )
+        return alloc
+
+
+#: Allocators by name (config key ``allocator``). Each factory takes the
+#: ControllerConfig.
+ALLOCATORS: Registry[Allocator] = Registry("allocator", "allocator")
+ALLOCATORS.add("demand", lambda cfg: DemandAllocator(headroom_cores=cfg.headroom_cores))
+ALLOCATORS.add(
+    "qos-dp",
+    lambda cfg: QosDpAllocator(
+        headroom_cores=cfg.headroom_cores,
+        floor_cores=cfg.min_cap_cores,
+        theta_cores=cfg.theta_cores,
+        max_units=cfg.dp_max_units,
+        node_cost=cfg.node_cost,
+        value=cfg.dp_value,
+    ),
+)

@@ -63,10 +63,16 @@ class IngestResult:
     rejected: Counter = field(default_factory=Counter)
 
 
-class ClusterState:
+class ObservedCluster:
     """Agents, instance histories and application DAGs, fed by NodeReports."""
 
-    def __init__(self, depth: int = 5, forget_after_seconds: float = 60.0):
+    def __init__(
+        self,
+        depth: int = 5,
+        forget_after_seconds: float = 60.0,
+        max_clock_skew_seconds: float = MAX_CLOCK_SKEW_SECONDS,
+    ):
+        self.max_clock_skew_seconds = max_clock_skew_seconds
         if depth < 1:
             raise ValueError("depth must be at least 1")
         self.depth = depth
@@ -128,7 +134,7 @@ class ClusterState:
         if not math.isfinite(ts) or ts <= 0:
             self._reject(result, node, "bad_timestamp", f"timestamp {ts!r}")
             return result
-        if ts > now + MAX_CLOCK_SKEW_SECONDS:
+        if ts > now + self.max_clock_skew_seconds:
             self._reject(
                 result, node, "future_timestamp", f"{ts - now:.0f} s ahead of the controller"
             )
@@ -244,7 +250,7 @@ class ClusterState:
             slot=report.slot,
             timestamp=report.timestamp,
             seconds=seconds,
-            received=deltas["received"],
+            arrivals=deltas["received"],
             executed=deltas["executed"],
             emitted=deltas["emitted"],
             cpu_seconds=deltas["cpu_seconds"],

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from controller.model import InstanceKey
+from dsched.ids import InstanceKey
+from dsched.registry import Registry
 from dsched_pb import dsched_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -115,3 +116,11 @@ class LogOnlyActuator:
         n = sum(len(c) for c in caps_by_node.values())
         log.debug("dry-run epoch %d: would push %d caps to %d nodes", epoch, n, len(caps_by_node))
         return ActResult()
+
+
+#: Cap actuators by name (config key ``cap_actuator``: who carries out caps in
+#: enforce mode); each factory takes the agent sessions. Dry-run always uses
+#: ``log-only``.
+CAP_ACTUATORS: Registry[Actuator] = Registry("cap actuator", "cap_actuator")
+CAP_ACTUATORS.add("agents", AgentActuator)
+CAP_ACTUATORS.add("log-only", lambda sessions=None: LogOnlyActuator())

@@ -1,4 +1,12 @@
-"""Latency-targeted demand (DESIGN §4 step 3), as one more estimator wrapper.
+"""Stage 3 of the epoch: the CPU each instance needs.
+
+Estimators are built by wrapping a small one, never by adding flags:
+``RateDemand`` gives r_j = psi_j * kappa_j / T_j (Liu et al., "An Adaptive
+Online Scheme for Scheduling and Resource Enforcement in Storm", demand per
+instance); wrappers raise it for a latency target, a backlog to drain, a floor.
+
+Latency-targeted demand ("QoS-aware CPU cap adjustment for timely data-flow",
+Allen–Cunneen G/G/M latency):
 
 An application's latency target is split over its operators in proportion to
 their CPU cost per tuple along the heaviest (critical) path through each
@@ -17,14 +25,87 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from controller.model import InstanceKey, OperatorKey, topological_order
-from controller.pipeline import DemandEstimator, InstanceDemand, OperatorForecast, OperatorView
+from controller.stages.evaluate import OperatorView
+from controller.stages.forecast import OperatorForecast
+from dsched.dag import topological_order
+from dsched.ids import InstanceKey, OperatorKey
 from predict.queueing import min_service_rate_for_sojourn_many
 
-# A thread cannot use more than one core: a cap above it buys no latency.
+
+class InstanceDemand(NamedTuple):
+    """One instance's CPU demand (a NamedTuple: an epoch makes one per instance
+    per estimator layer, and tuples are built several times faster)."""
+
+    key: InstanceKey
+    node: str
+    cores: float
+    reason: str  # the term that set it: "rate", "backlog", "floor", "latency", ...
+
+
+class DemandEstimator(Protocol):
+    """Per-instance CPU demand. Build richer estimators by wrapping a small one."""
+
+    def estimate(
+        self, view: OperatorView, fc: OperatorForecast
+    ) -> dict[InstanceKey, InstanceDemand]: ...
+
+
+@dataclass
+class RateDemand:
+    """r_j = psi_j * kappa_j / T_j: the CPU to process the predicted arrivals."""
+
+    def estimate(
+        self, view: OperatorView, fc: OperatorForecast
+    ) -> dict[InstanceKey, InstanceDemand]:
+        per = fc.rate * fc.kappa / max(1, len(view.instances))
+        return {k: InstanceDemand(k, view.nodes[k], per, "rate") for k in view.instances}
+
+
+@dataclass
+class WithBacklogDrain:
+    """Add the CPU that empties an instance's queue within ``drain_seconds``."""
+
+    inner: DemandEstimator
+    drain_seconds: float
+
+    def estimate(
+        self, view: OperatorView, fc: OperatorForecast
+    ) -> dict[InstanceKey, InstanceDemand]:
+        base = self.inner.estimate(view, fc)
+        out = {}
+        for k, d in base.items():
+            extra = view.queue_by_instance.get(k, 0.0) * fc.kappa / self.drain_seconds
+            out[k] = InstanceDemand(
+                k, d.node, d.cores + extra, "backlog" if extra > d.cores else d.reason
+            )
+        return out
+
+
+@dataclass
+class WithFloor:
+    """Never below ``floor_cores``: an idle instance must still be able to start."""
+
+    inner: DemandEstimator
+    floor_cores: float
+
+    def estimate(
+        self, view: OperatorView, fc: OperatorForecast
+    ) -> dict[InstanceKey, InstanceDemand]:
+        return {
+            k: d
+            if d.cores >= self.floor_cores
+            else InstanceDemand(k, d.node, self.floor_cores, "floor")
+            for k, d in self.inner.estimate(view, fc).items()
+        }
+
+
+# An instance that is one thread cannot use more than one core, so a cap above
+# it buys no latency (config key ``max_instance_cores`` for instances that run
+# several working threads).
 MAX_INSTANCE_CORES = 1.0
 
 
@@ -105,6 +186,7 @@ class WithLatencyTarget:
 
     inner: DemandEstimator
     needs: Mapping[OperatorKey, float]
+    max_instance_cores: float = MAX_INSTANCE_CORES
 
     def estimate(
         self, view: OperatorView, fc: OperatorForecast
@@ -114,8 +196,8 @@ class WithLatencyTarget:
         if need is None:
             return base
         reason = "latency"
-        if need > MAX_INSTANCE_CORES:
-            need, reason = MAX_INSTANCE_CORES, "latency-unreachable"
+        if need > self.max_instance_cores:
+            need, reason = self.max_instance_cores, "latency-unreachable"
         return {
             k: d if d.cores >= need else InstanceDemand(k, d.node, need, reason)
             for k, d in base.items()
@@ -147,7 +229,7 @@ def _latency_model(
     ca2: float,
     cs2: float,
 ):
-    from controller.allocation import AppLatencyModel
+    from controller.stages.allocation import AppLatencyModel
 
     index = {k.operator: i for i, k in enumerate(ordered)}
     return AppLatencyModel(
@@ -195,6 +277,7 @@ def estimate_latency_seconds(
     caps: Mapping[InstanceKey, float],
     ca2: float = 1.0,
     cs2: float = 1.0,
+    max_instance_cores: float = MAX_INSTANCE_CORES,
 ) -> dict[str, float]:
     """Allen–Cunneen critical-path latency of each application under ``caps``
     (inf when an operator's caps cannot keep up with its predicted arrivals)."""
@@ -204,7 +287,7 @@ def estimate_latency_seconds(
         floors = np.array(
             [
                 sum(
-                    min(caps.get(i, MAX_INSTANCE_CORES), MAX_INSTANCE_CORES)
+                    min(caps.get(i, max_instance_cores), max_instance_cores)
                     for i in views[k].instances
                 )
                 for k in ordered

@@ -1,49 +1,63 @@
-"""The controller's side of the Spark history (DESIGN §6).
+"""The history as one small service for the controller's process, in plain types.
 
-Each epoch the new slot of every instance and node goes to the spool
-(:class:`controller.spool.SpoolWriter`, atomic files). When the controller runs
-the job itself (``[history] enabled``, the default for the daemon), the
-embedded Structured Streaming query turns the spool into the history table.
-Back from the table come what the fast loop lacks after a restart: the
-arrivals of sources for ARIMA and the CPU per tuple of operators that have no
-measurement of their own yet. The fast loop never waits for any of it.
+Each epoch the controller hands over the rows of its new slot (instance and node
+samples as dicts, in the spool's field names, and the decision record);
+:meth:`HistoryFeed.spool` queues them and a background thread writes the slot file
+(:class:`spark_stream.spool.SpoolWriter`, atomic files), so the fast loop never
+waits for the disk. When the controller runs the job itself (``[history]
+enabled``, the default for the daemon), :meth:`HistoryFeed.start_job` starts the
+embedded Structured Streaming query that turns the spool into the history table.
+Back from the table, through :meth:`HistoryFeed.seed`, come what the fast loop
+lacks after a restart: the arrival series of sources for ARIMA and the CPU per
+tuple of operators that have no measurement of their own yet (docs/history.md,
+"Feedback to the controller").
+
+Nothing here knows the controller's types: operators are ``(app, operator)``
+tuples, samples are dicts. The controller's adapter is
+``controller/edges/history.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from controller.model import OperatorKey
-from controller.pipeline import OperatorView, SourceHistory
-from controller.spool import SpoolWriter
-from controller.state import ClusterState
 from spark_stream.config import HistoryConfig
+from spark_stream.reader import HistoryReader
+from spark_stream.spool import SpoolWriter
 
 log = logging.getLogger(__name__)
 
 # Read back at most this many windows per source when seeding ARIMA.
 SEED_WINDOWS = 300
-# Operators seeded from the table per epoch: each is a Parquet read on the
-# epoch's thread, and after a restart every operator is new at once.
+# Operators seeded from the table per call: each is a Parquet read on the
+# caller's thread, and after a restart every operator is new at once.
 SEED_PER_EPOCH = 16
 # Spool writes allowed to wait behind a slow disk before slots are dropped.
 MAX_PENDING_WRITES = 4
 
 
-def history_config(config: HistoryConfig, state_dir: Path, slot_seconds: float) -> HistoryConfig:
-    """The history's paths under the controller's state dir, on the controller's slot."""
-    return dataclasses.replace(config.rebase(state_dir), slot_seconds=slot_seconds)
+@dataclass(frozen=True)
+class OperatorSeed:
+    """What the history table holds for one operator.
+
+    ``kappa``: the newest finite CPU-seconds per executed tuple, or None when no
+    window executed anything. ``source_rates``: arrivals per second of each window,
+    oldest first; empty unless the operator was asked about as a source.
+    """
+
+    kappa: float | None
+    source_rates: tuple[float, ...] = ()
 
 
 class _Collector(Collector):
@@ -76,14 +90,15 @@ class _Collector(Collector):
 
 
 class HistoryFeed:
+    """Spool writes in the background, the embedded job, and seeds read from the table."""
+
     def __init__(self, config: HistoryConfig, registry: CollectorRegistry | None = None):
         self.config = config
         self.writer = SpoolWriter(config)
         self.embedded = None
-        self._last_spooled: dict[Any, float] = {}
-        self._seeded: set[OperatorKey] = set()
-        self._reader = None
-        # The fast loop only builds the rows; a background thread writes them.
+        self._seeded: set[tuple[str, str]] = set()
+        self._reader: HistoryReader | None = None
+        # The caller only builds the rows; a background thread writes them.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsched-spool")
         self._lock = threading.Lock()
         self._pending = 0
@@ -119,69 +134,29 @@ class HistoryFeed:
 
     def lag_seconds(self) -> float | None:
         try:
-            return self.reader().lag_seconds()
+            return self._open_reader().lag_seconds()
         except (OSError, ValueError):
             return None
 
-    def reader(self):
+    def _open_reader(self) -> HistoryReader:
         if self._reader is None:
-            from controller.history import HistoryReader
-
             self._reader = HistoryReader(self.config)
         return self._reader
 
     # ------------------------------------------------------------ each epoch
-    def spool(self, epoch: int, now: float, state: ClusterState, decision: dict | None) -> None:
-        """Append every slot not spooled yet; a full spool drops the slot and says so."""
-        instances = []
-        for key, h in state.histories.items():
-            if not h.slots:
-                continue
-            s = h.slots[-1]
-            if self._last_spooled.get(key, 0.0) >= s.timestamp:
-                continue
-            self._last_spooled[key] = s.timestamp
-            instances.append(
-                {
-                    "app": key.app,
-                    "operator": key.operator,
-                    "instance": key.instance,
-                    "node": s.node,
-                    "worker": s.worker,
-                    "stateful": s.stateful,
-                    "arrivals": s.received,
-                    "executed": s.executed,
-                    "emitted": s.emitted,
-                    "cpu_seconds": s.cpu_seconds,
-                    "queue_length": s.queue_length,
-                    "latency_sum_seconds": s.latency_sum_seconds,
-                    "latency_count": s.latency_count,
-                    "service_seconds": s.service_seconds,
-                    "cap_cores": s.cap_cores,
-                }
-            )
-        for key in set(self._last_spooled) - set(state.histories):
-            del self._last_spooled[key]
-        nodes = []
-        for node, a in state.agents.items():
-            ns = a.node_sample
-            if ns is None:
-                continue
-            nodes.append(
-                {
-                    "node": node,
-                    "cpu_capacity_cores": a.cpu_capacity_cores,
-                    "cpu_usage_cores": ns.cpu_usage_cores,
-                    "memory_bandwidth_bytes_per_second": (
-                        sum(ns.memory_bandwidth_bytes_per_second.values())
-                        if ns.memory_bandwidth_available
-                        else None
-                    ),
-                    "llc_occupancy_bytes": (
-                        sum(ns.llc_occupancy_bytes.values()) if ns.llc_available else None
-                    ),
-                }
-            )
+    def spool(
+        self,
+        epoch: int,
+        now: float,
+        instances: list[dict],
+        nodes: list[dict],
+        decision: dict | None,
+    ) -> None:
+        """Queue one slot's rows for the spool; when writes pile up, drop it and count it.
+
+        ``instances`` and ``nodes`` are dicts with the spool's fields
+        (:data:`spark_stream.schema.INSTANCE_FIELDS`, :data:`~spark_stream.schema.NODE_FIELDS`).
+        """
         with self._lock:
             if self._pending >= MAX_PENDING_WRITES:
                 # The disk cannot keep up: drop this slot rather than queue
@@ -210,45 +185,51 @@ class HistoryFeed:
                 self._pending -= 1
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait for queued spool writes (tests, shutdown)."""
+        """Wait for queued spool writes (tests, shutdown); False if some are still queued."""
         deadline = time.monotonic() + timeout
         while self._pending and time.monotonic() < deadline:
             time.sleep(0.01)
         return self._pending == 0
 
     def seed(
-        self,
-        views: dict[OperatorKey, OperatorView],
-        sources: SourceHistory | None,
-        kappa_memory: dict[OperatorKey, float],
-    ) -> None:
-        """Once per operator, fill what the ring buffer lacks from the history table
-        (a bounded number of operators per epoch, so a restart never stalls one)."""
-        todo = [k for k in views if k not in self._seeded][:SEED_PER_EPOCH]
+        self, operators: Mapping[tuple[str, str], bool]
+    ) -> dict[tuple[str, str], OperatorSeed]:
+        """What the history table holds for operators not asked about before.
+
+        ``operators`` maps ``(app, operator)`` to whether it is a source. At most
+        :data:`SEED_PER_EPOCH` operators not asked about before are read per call
+        (so a restart never stalls one epoch); each is asked once. The answer has
+        an entry for each of them whose table has windows: the newest kappa and,
+        for a source, its arrival rates oldest first. A pure read: nothing outside
+        the feed changes.
+        """
+        todo = [k for k in operators if k not in self._seeded][:SEED_PER_EPOCH]
         if not todo:
-            return
+            return {}
         try:
-            reader = self.reader()
+            reader = self._open_reader()
         except (OSError, ValueError) as exc:
             log.debug("history not readable: %s", exc)
-            return
+            return {}
+        out: dict[tuple[str, str], OperatorSeed] = {}
         for key in todo:
             self._seeded.add(key)
-            view = views[key]
+            app, operator = key
             try:
-                frame = reader.operator_history(key.app, key.operator, SEED_WINDOWS)
+                frame = reader.operator_history(app, operator, SEED_WINDOWS)
             except (OSError, ValueError) as exc:
-                log.debug("no history for %s: %s", key, exc)
+                log.debug("no history for %s/%s: %s", app, operator, exc)
                 continue
             if frame.empty:
                 continue
-            if key not in kappa_memory:
-                kappas = [
-                    k for k in frame["kappa"].tolist() if isinstance(k, float) and math.isfinite(k)
-                ]
-                if kappas:
-                    kappa_memory[key] = kappas[-1]
-            if sources is not None and not view.upstream:
+            kappas = [
+                k for k in frame["kappa"].tolist() if isinstance(k, float) and math.isfinite(k)
+            ]
+            rates: tuple[float, ...] = ()
+            if operators[key]:
                 seconds = (frame["window_end"] - frame["window_start"]).dt.total_seconds()
-                rates = (frame["arrivals"] / seconds.where(seconds > 0)).dropna().tolist()
-                sources.prepend(key, rates)
+                rates = tuple(
+                    float(r) for r in (frame["arrivals"] / seconds.where(seconds > 0)).dropna()
+                )
+            out[key] = OperatorSeed(kappa=kappas[-1] if kappas else None, source_rates=rates)
+        return out

@@ -1,4 +1,5 @@
-"""Where placement plans leave the controller: the move actuators (DESIGN §4 step 8).
+"""Where placement plans leave the controller: the move actuators (step 8 of the
+epoch, for moves), and the move contract shared with the testbed.
 
 One interface, :class:`MoveActuator`, with ``execute(plan) -> MoveResult``,
 and implementations chosen by name (:func:`get_move_actuator`):
@@ -20,11 +21,12 @@ import logging
 import math
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from controller.placement.model import Move, Plan, Worker
+from dsched.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -180,19 +182,16 @@ class TestbedMoveActuator:
         return MoveResult.from_dict(self.name, data)
 
 
-MOVE_ACTUATORS: dict[str, Callable[..., MoveActuator]] = {
-    "log-only": LogOnlyMoveActuator,
-    "testbed": TestbedMoveActuator,
-}
+#: Move actuators by name (config key ``move_actuator``).
+MOVE_ACTUATORS: Registry[MoveActuator] = Registry("move actuator", "move_actuator")
+MOVE_ACTUATORS.add("log-only", LogOnlyMoveActuator)
+MOVE_ACTUATORS.add("testbed", TestbedMoveActuator)
 
 
 def get_move_actuator(name: str, **options: Any) -> MoveActuator:
     """The move actuator called ``name``; ValueError for unknown names or options."""
-    if name not in MOVE_ACTUATORS:
-        raise ValueError(
-            f"unknown move actuator {name!r}; known: {', '.join(sorted(MOVE_ACTUATORS))}"
-        )
+    factory = MOVE_ACTUATORS.factory(name)
     try:
-        return MOVE_ACTUATORS[name](**options)
+        return factory(**options)
     except TypeError as exc:
         raise ValueError(f"bad option for move actuator {name!r}: {exc}") from None

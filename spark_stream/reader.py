@@ -1,4 +1,4 @@
-"""The controller's reader of the history table and the fitted models (pyarrow only).
+"""The reader of the history table and the fitted models (pyarrow only).
 
 The streaming job writes one Parquet file per micro-batch and date partition,
 named ``batch-<id>.parquet``; newer batches hold newer windows. The reader walks

@@ -1,6 +1,7 @@
-"""The controller's side of the history: one spool file per slot, published atomically.
+"""The spool: one file per slot, published atomically.
 
-Each slot the controller hands its samples to :class:`SpoolWriter`, which writes a
+Each slot the controller's samples reach :class:`SpoolWriter` (through
+:class:`spark_stream.feed.HistoryFeed`, on a background thread), which writes a
 JSON Lines file in the version-1 spool format (see :mod:`spark_stream.schema`) to a
 hidden temporary file and renames it into place, so the streaming job never sees
 half a file. The spool is bounded: when it would grow beyond ``max_spool_bytes``

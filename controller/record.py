@@ -10,10 +10,10 @@ the node recommendation). It goes to SQLite, `dschedctl plan` and /metrics.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controller.model import InstanceKey, OperatorKey
+if TYPE_CHECKING:
+    from controller.epoch import EpochResult
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -23,27 +23,21 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def build_record(
+    result: EpochResult,
     *,
-    epoch: int,
-    now: float,
     mode: str,
     slot_seconds: float,
-    views: Mapping[OperatorKey, Any],
-    forecasts: Mapping[OperatorKey, Any],
-    demands: Mapping[InstanceKey, Any],
-    alloc: Any,
-    steps: Mapping[InstanceKey, Any],
-    classes: Mapping[str, Any],
-    budgets: Mapping[OperatorKey, float],
-    estimates: Mapping[str, float],
-    predicted_violation: Mapping[str, float],
-    capacity: Mapping[str, float],
-    room: Mapping[str, float],
     placement: dict[str, Any],
     actuator: str,
     acted: Any,
     rejected: dict[str, int],
 ) -> dict[str, Any]:
+    """The record of ``result`` with what the edges did with it."""
+    epoch, now = result.epoch, result.now
+    views, forecasts, demands = result.views, result.forecasts, result.demands
+    alloc, steps, classes, budgets = result.alloc, result.steps, result.classes, result.budgets
+    estimates, predicted_violation = result.estimates, result.predicted_violation
+    capacity, room, peaks = result.capacity, result.room, result.peaks
     operators = []
     measured: dict[str, float] = {}
     for op, v in views.items():
@@ -98,6 +92,8 @@ def build_record(
                     "queue": view.queue_by_instance.get(k, 0.0),
                 }
             )
+            if k in peaks:
+                instances[-1]["peak_demand_cores"] = peaks[k]
             if cut > 1e-9:
                 cuts.append(
                     {

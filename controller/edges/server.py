@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from controller.core import MODE_TO_PB, PB_TO_MODE, Controller
-from controller.explain import explain_lines
+from controller.record import explain_lines
 from dsched.names import InvalidName, check_name
 from dsched_pb import dsched_pb2 as pb
 from dsched_pb import dsched_pb2_grpc as pb_grpc

@@ -1,0 +1,214 @@
+"""The cap enforcer: the only part of the agent that writes cgroups.
+
+A cap arrives as cores for one registered instance (from a directive, the
+fallback policy, a benchmark). The instance's cgroup is created with its first
+cap, the instance's threads are moved into it and the quota is written; every
+directory's scheduling weight follows the threads below it; cgroups whose
+threads are gone are removed, at once or, while threads linger, on every later
+sample. docs/agent.md, "Cgroup layout", describes the tree.
+
+Every other unit reads what the enforcer holds (``caps``, ``cgroups``) under
+``lock`` and never touches the backend itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.cgroups import CgroupError, CgroupTree, ThreadGone, Throttling
+from agent.metrics import AgentMetrics, instance_labels
+from agent.registry import InstanceRecord, Registry
+from agent.sampling import thread_group
+from dsched.ids import InstanceKey
+from dsched.names import InvalidName
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class CapEnforcer:
+    """Caps per instance, written through ``backend``; ``capacity_cores`` bounds a cap."""
+
+    backend: CgroupTree
+    registry: Registry
+    metrics: AgentMetrics
+    capacity_cores: float
+    dry_run: bool = False
+    caps: dict[InstanceKey, float] = field(default_factory=dict, init=False)
+    cgroups: dict[InstanceKey, Path] = field(default_factory=dict, init=False)
+    # Re-entrant: a directive holds it across every entry it applies.
+    lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)
+    _attached: dict[InstanceKey, set[int]] = field(default_factory=dict, init=False, repr=False)
+    _orphans: set[Path] = field(default_factory=set, init=False, repr=False)
+    _cap_labels: dict[InstanceKey, tuple[str, str, str, str]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _weights_written: dict[Path, int] = field(default_factory=dict, init=False, repr=False)
+
+    def limit_root(self) -> None:
+        """Cap the whole tree at ``capacity_cores``, so the kernel grants what is planned with."""
+        try:
+            self.backend.limit_root(self.capacity_cores)
+        except (OSError, CgroupError) as exc:
+            log.error("cannot cap the cgroup root at %.2f cores: %s", self.capacity_cores, exc)
+
+    def adopt(self, proc_root: str) -> int:
+        """Take over the cgroups a previous agent left: caps stay, empty ones go.
+
+        Live threads are registered (source ``adopted``) so that the instance
+        keeps its cap until it registers again or its threads exit.
+        """
+        adopted = 0
+        for cg in self.backend.adopt():
+            live = [t for t in cg.tids if thread_group(proc_root, t) is not None]
+            pid = thread_group(proc_root, live[0]) if live else None
+            if pid is None:
+                self._remove(cg.path)
+                continue
+            for tid in live:
+                self.registry.register(cg.key, cg.worker, False, pid, tid, source="adopted")
+            with self.lock:
+                self.cgroups[cg.key] = cg.path
+                self._attached[cg.key] = set(live)
+                if cg.cap_cores is not None:
+                    self.caps[cg.key] = cg.cap_cores
+            adopted += 1
+        if adopted:
+            log.info("re-adopted %d instance cgroups under %s", adopted, self.backend.root)
+        return adopted
+
+    def apply_cap(self, rec: InstanceRecord, cap: float | None) -> None:
+        """Enforce ``cap`` cores on ``rec`` (None removes the cap). Raises ThreadGone/CgroupError."""
+        key = rec.key
+        with self.lock:
+            path = self.cgroups.get(key)
+            if cap is None:
+                self.caps.pop(key, None)
+                if path is not None:
+                    self._write_cap(path, None)
+                labels = self._cap_labels.pop(key, None)
+                if labels is not None:
+                    self.metrics.forget_instance(labels)
+                return
+            if path is None:
+                path = self.backend.create(key, rec.worker, rec.pid)
+                self.cgroups[key] = path
+            attached = self._attach(rec, path)
+            if not attached and self.backend.mode != "none":
+                self.cgroups.pop(key, None)
+                self._attached.pop(key, None)
+                self._remove(path)
+                raise ThreadGone(f"every thread of {key} exited before its cap was written")
+            self._write_cap(path, cap)
+            self.caps[key] = cap
+            if not self.dry_run:
+                labels = instance_labels(key, rec.worker)
+                self.metrics.instance_cpu_cap.labels(*labels).set(cap)
+                self._cap_labels[key] = labels
+
+    def release_all(self) -> int:
+        """Remove every cap (quota back to unlimited); returns how many were released."""
+        released = 0
+        with self.lock:
+            for key in list(self.caps):
+                rec = self.registry.get(key)
+                if rec is None:
+                    continue
+                try:
+                    self.apply_cap(rec, None)
+                    released += 1
+                except CgroupError as exc:
+                    self.metrics.cgroup_errors.inc()
+                    log.error("releasing cap of %s failed: %s", key, exc)
+        return released
+
+    def forget(self, key: InstanceKey, release: bool) -> None:
+        """Drop an instance that left; its cgroup goes now or once its threads have left it.
+
+        ``release`` writes the quota back to unlimited first, for threads that live on.
+        """
+        with self.lock:
+            path = self.cgroups.pop(key, None)
+            self.caps.pop(key, None)
+            self._attached.pop(key, None)
+            labels = self._cap_labels.pop(key, None)
+        if labels is not None:
+            self.metrics.forget_instance(labels)
+        if path is None:
+            return
+        if release:
+            self._write_cap(path, None)
+        if not self._remove(path):
+            self._orphans.add(path)
+
+    def remove_orphans(self) -> None:
+        """Retry removing the cgroups of forgotten instances whose threads lingered."""
+        for path in list(self._orphans):
+            if self._remove(path):
+                self._orphans.discard(path)
+
+    def attach_new_threads(self, rec: InstanceRecord) -> None:
+        """Threads that joined a capped instance go into its cgroup; departed ones are dropped."""
+        with self.lock:
+            path = self.cgroups.get(rec.key)
+            if path is None or rec.key not in self.caps:
+                return
+            attached = self._attached.get(rec.key, set()) & rec.tids
+            self._attached[rec.key] = attached
+            if rec.tids - attached:
+                self._attach(rec, path)
+
+    def rebalance_weights(self) -> None:
+        """Keep each cgroup's scheduling weight equal to the threads inside it."""
+        with self.lock:
+            threads = {path: len(self._attached.get(key, ())) for key, path in self.cgroups.items()}
+        wanted = self.backend.weights(threads)
+        for path, n in sorted(wanted.items(), key=lambda kv: len(kv[0].parts)):
+            if self._weights_written.get(path) == n:
+                continue
+            try:
+                self.backend.set_weight(path, n)
+                self._weights_written[path] = n
+            except (OSError, CgroupError, InvalidName) as exc:
+                log.debug("weight of %s not set: %s", path, exc)
+        for gone in set(self._weights_written) - set(wanted):
+            del self._weights_written[gone]
+
+    def current_caps(self) -> list[tuple[InstanceKey, float]]:
+        with self.lock:
+            return sorted(self.caps.items())
+
+    def enforced(self, key: InstanceKey) -> tuple[float | None, Throttling | None]:
+        """The cap on ``key`` and, when capped, its throttling counters (else None)."""
+        with self.lock:
+            cap = self.caps.get(key)
+            path = self.cgroups.get(key)
+        # An uncapped cgroup is never throttled: its cpu.stat is not worth a read.
+        if cap is None or path is None or self.backend.mode == "none":
+            return cap, None
+        return cap, self.backend.throttling(path)
+
+    def _write_cap(self, path: Path, cap: float | None) -> None:
+        self.backend.set_cap(path, cap)
+        self.metrics.cap_writes.inc()
+
+    def _attach(self, rec: InstanceRecord, path: Path) -> set[int]:
+        """Move the instance's threads into its cgroup; vanished ones are skipped quietly."""
+        attached = self._attached.setdefault(rec.key, set())
+        for tid in sorted(rec.tids - attached):
+            try:
+                self.backend.attach(path, rec.pid, tid)
+                attached.add(tid)
+            except ThreadGone:
+                self.metrics.threads_vanished.inc()
+                log.debug("thread %d of %s exited before it was capped", tid, rec.key)
+        return attached
+
+    def _remove(self, path: Path) -> bool:
+        removed = self.backend.remove(path)
+        if removed:
+            self.metrics.cgroups_removed.inc()
+        return removed

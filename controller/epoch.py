@@ -1,0 +1,182 @@
+"""One control epoch as a pure function: typed inputs in, :class:`EpochResult` out.
+
+    views ─► forecast ─► demand ─► allocate ─► hysteresis + anti-saturation ─► caps
+             (stages/     (stages/   (stages/     (stages/hysteresis.py)
+             forecast.py) demand.py) allocation.py)
+
+:func:`run_epoch` reads the controller's memory through a read-only
+:class:`~controller.memory.MemoryView` and changes nothing; the controller
+then hands the result to :meth:`ControllerMemory.update`, the actuators, the
+decision record (:mod:`controller.record`), the placement loop and the store.
+docs/architecture.md follows one epoch through these files.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from controller.config import ControllerConfig
+from controller.memory import MemoryView
+from controller.qos import QosClass
+from controller.stages.allocation import Allocator, QosAllocation, violation_ratio
+from controller.stages.demand import (
+    DemandEstimator,
+    InstanceDemand,
+    RateDemand,
+    WithBacklogDrain,
+    WithFloor,
+    WithLatencyTarget,
+    app_latency_models,
+    estimate_latency_seconds,
+    latency_budgets,
+    latency_needs,
+)
+from controller.stages.evaluate import OperatorView
+from controller.stages.forecast import OperatorForecast, forecast
+from controller.stages.hysteresis import HysteresisStep, apply_hysteresis, fit_quantized_caps
+from dsched.ids import InstanceKey, OperatorKey
+
+
+@dataclass(frozen=True)
+class EpochInputs:
+    """What one epoch decides from, besides the memory."""
+
+    epoch: int
+    now: float
+    views: Mapping[OperatorKey, OperatorView]
+    classes: Mapping[str, QosClass]  # every app in ``views`` has one
+    capacity: Mapping[str, float]  # node -> cores dsched may hand out
+
+
+@dataclass
+class EpochResult:
+    """Everything one epoch decided, with the inputs that explain it."""
+
+    epoch: int
+    now: float
+    views: Mapping[OperatorKey, OperatorView]
+    classes: Mapping[str, QosClass]
+    capacity: Mapping[str, float]
+    forecasts: dict[OperatorKey, OperatorForecast]
+    budgets: dict[OperatorKey, float]  # latency budget per operator, seconds
+    demands: dict[InstanceKey, InstanceDemand]
+    alloc: QosAllocation
+    room: dict[str, float]  # node -> cores usable after headroom
+    steps: dict[InstanceKey, HysteresisStep]  # cap, reason and new hysteresis state
+    caps: dict[InstanceKey, tuple[str, float]]  # instance -> (node, cap cores)
+    estimates: dict[str, float]  # app -> Allen–Cunneen latency under the caps, seconds
+    predicted_violation: dict[str, float]  # app -> predicted violation ratio
+    peaks: dict[InstanceKey, float]  # highest demand over the peak window (placement)
+    kappa_measured: dict[OperatorKey, float] = field(default_factory=dict)
+    source_points: dict[OperatorKey, tuple[float, float]] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+
+    def caps_by_node(self) -> dict[str, dict[InstanceKey, float]]:
+        out: dict[str, dict[InstanceKey, float]] = {}
+        for key, (node, cap) in self.caps.items():
+            out.setdefault(node, {})[key] = cap
+        return out
+
+
+def build_estimator(
+    config: ControllerConfig, needs: Mapping[OperatorKey, float] | None = None
+) -> DemandEstimator:
+    """Rate demand, raised to meet latency budgets (``needs``, when given), plus
+    backlog drain, never below the minimum cap."""
+    inner: DemandEstimator = RateDemand()
+    if needs is not None:
+        inner = WithLatencyTarget(inner, needs, config.max_instance_cores)
+    return WithFloor(
+        WithBacklogDrain(inner, drain_seconds=config.backlog_drain_slots * config.slot_seconds),
+        floor_cores=config.min_cap_cores,
+    )
+
+
+def run_epoch(
+    inputs: EpochInputs,
+    memory: MemoryView,
+    config: ControllerConfig,
+    allocator: Allocator,
+) -> EpochResult:
+    """Forecast, demand, allocation, hysteresis and caps for one epoch. Pure."""
+    cfg = config
+    views, classes, capacity = inputs.views, inputs.classes, inputs.capacity
+    t0 = time.perf_counter()
+    fc = forecast(views, cfg.phi, memory.sources, memory.kappa, tuple(cfg.predictors))
+    forecasts = fc.forecasts
+    t_demand = time.perf_counter()
+    budgets = latency_budgets(views, forecasts, {a: c.target_seconds for a, c in classes.items()})
+    needs = latency_needs(views, forecasts, budgets, cfg.arrival_scv, cfg.service_scv)
+    estimator = build_estimator(cfg, needs)
+    demands: dict[InstanceKey, InstanceDemand] = {}
+    for op, view in views.items():
+        demands.update(estimator.estimate(view, forecasts[op]))
+    models = (
+        app_latency_models(
+            views, forecasts, demands, cfg.min_cap_cores, cfg.arrival_scv, cfg.service_scv
+        )
+        if cfg.dp_value == "latency"
+        else None
+    )
+    t_alloc = time.perf_counter()
+    alloc = allocator.allocate(demands, dict(capacity), classes, models)
+    t_hyst = time.perf_counter()
+    max_cap = {k: capacity.get(d.node, float("inf")) for k, d in demands.items()}
+    steps = apply_hysteresis(alloc.cores, memory.hysteresis, cfg.theta_cores, max_cap)
+    room = {n: max(0.0, c - cfg.headroom_cores) for n, c in capacity.items()}
+    steps = fit_quantized_caps(
+        steps,
+        alloc.cores,
+        {k: d.node for k, d in demands.items()},
+        {k: classes[k.app].weight for k in steps},
+        room,
+        cfg.min_cap_cores,
+    )
+    caps = {k: (demands[k].node, s.cap) for k, s in steps.items()}
+    t_estimate = time.perf_counter()
+    estimates = estimate_latency_seconds(
+        views,
+        forecasts,
+        {k: c for k, (_, c) in caps.items()},
+        cfg.arrival_scv,
+        cfg.service_scv,
+        cfg.max_instance_cores,
+    )
+    predicted_violation = {
+        a: float(violation_ratio([estimates[a]], classes[a].target_seconds)[0])
+        for a in sorted({k.app for k in views})
+    }
+    peaks = (
+        memory.peaks.peaks_with({k: d.cores for k, d in demands.items()})
+        if memory.peaks is not None
+        else {}
+    )
+    t_end = time.perf_counter()
+    return EpochResult(
+        epoch=inputs.epoch,
+        now=inputs.now,
+        views=views,
+        classes=classes,
+        capacity=capacity,
+        forecasts=forecasts,
+        budgets=budgets,
+        demands=demands,
+        alloc=alloc,
+        room=room,
+        steps=steps,
+        caps=caps,
+        estimates=estimates,
+        predicted_violation=predicted_violation,
+        peaks=peaks,
+        kappa_measured=fc.kappa_measured,
+        source_points=fc.source_points,
+        timing={
+            "forecast": t_demand - t0,
+            "demand": t_alloc - t_demand,
+            "allocate": t_hyst - t_alloc,
+            "hysteresis": t_estimate - t_hyst,
+            "estimate": t_end - t_estimate,
+        },
+    )

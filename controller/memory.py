@@ -1,0 +1,190 @@
+"""What the controller remembers between epochs, updated in one place.
+
+The epoch (:func:`controller.epoch.run_epoch`) reads a :class:`MemoryView` and
+returns an :class:`~controller.epoch.EpochResult`; :meth:`ControllerMemory.update`
+is the only code that changes the memory, from that result. The history
+table's seed after a restart comes in through :meth:`ControllerMemory.apply_seed`.
+
+Held caps: an instance that stops reporting keeps its last cap (it may be
+between two reports, or the controller has just restarted) for
+``forget_after_slots`` epochs; after that it is dropped, and its cgroup goes
+with its threads on the agent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from controller.stages.forecast import SourceHistory
+from controller.stages.hysteresis import HysteresisState
+from dsched.ids import InstanceKey, OperatorKey
+
+if TYPE_CHECKING:
+    from controller.epoch import EpochResult
+
+
+class DemandPeaks:
+    """Each instance's highest predicted demand over the last ``window`` epochs.
+
+    ``liu`` places stateful instances where their workers keep room for these
+    peaks: a stateful worker that outgrows its node must carry its state
+    elsewhere, a stateless one only restarts. The window is a run of
+    consecutive epochs, planned or not. An instance that stops reporting is
+    forgotten; one that comes back starts afresh. A demand that is not a
+    finite number >= 0 does not enter the window, and the instance keeps the
+    window it had.
+    """
+
+    def __init__(self, window: int) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window (epochs) must be an int >= 1, got {window!r}")
+        self.window = window
+        self._demands: dict[InstanceKey, deque[float]] = {}
+
+    @classmethod
+    def for_slot(cls, peak_seconds: float, slot_seconds: float) -> DemandPeaks:
+        """The window covering ``peak_seconds`` of epochs of ``slot_seconds`` (at least one)."""
+        return cls(max(1, math.ceil(peak_seconds / slot_seconds - 1e-9)))
+
+    def peaks_with(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
+        """Each good demand's peak once this epoch is in the window (read only)."""
+        out: dict[InstanceKey, float] = {}
+        keep = self.window - 1
+        for key, demand in demands.items():
+            if not _good(demand):
+                continue
+            seen = self._demands.get(key)
+            past = list(seen)[len(seen) - keep :] if seen and keep else []
+            out[key] = max([*past, float(demand)])
+        return out
+
+    def observe(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
+        """Put this epoch's demands in the window; instance -> its peak."""
+        out: dict[InstanceKey, float] = {}
+        for key, demand in demands.items():
+            if not _good(demand):
+                continue
+            seen = self._demands.get(key)
+            if seen is None:
+                seen = self._demands[key] = deque(maxlen=self.window)
+            seen.append(float(demand))
+            out[key] = max(seen)
+        for key in set(self._demands) - set(demands):
+            del self._demands[key]
+        return out
+
+
+def _good(value: object) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    """The memory as the epoch sees it: read-only mappings and the two models it asks.
+
+    ``sources`` and ``peaks`` are read through their query methods only
+    (``series_with``/``predict``, ``peaks_with``).
+    """
+
+    hysteresis: Mapping[InstanceKey, HysteresisState]
+    kappa: Mapping[OperatorKey, float]
+    sources: SourceHistory | None
+    peaks: DemandPeaks | None
+
+
+@dataclass
+class ControllerMemory:
+    """Hysteresis, held caps, CPU-per-tuple memory, source history, demand peaks."""
+
+    forget_after_slots: int
+    sources: SourceHistory | None = None
+    peaks: DemandPeaks | None = None
+    hysteresis: dict[InstanceKey, HysteresisState] = field(default_factory=dict)
+    #: The caps in force: instance -> (node, cores); held ones included.
+    caps: dict[InstanceKey, tuple[str, float]] = field(default_factory=dict)
+    #: Instances whose cap is held without a report -> the epoch the hold began.
+    held_since: dict[InstanceKey, int] = field(default_factory=dict)
+    #: Last measured CPU per tuple of each operator (for operators idle this window).
+    kappa: dict[OperatorKey, float] = field(default_factory=dict)
+
+    @classmethod
+    def resumed(
+        cls,
+        caps: Mapping[InstanceKey, tuple[str, float]],
+        epoch: int,
+        forget_after_slots: int,
+        sources: SourceHistory | None = None,
+        peaks: DemandPeaks | None = None,
+    ) -> ControllerMemory:
+        """After a restart: the persisted caps, held until their instances report.
+
+        The first epochs hold those caps unless the inputs say otherwise, so a
+        crash does not make caps thrash."""
+        return cls(
+            forget_after_slots=forget_after_slots,
+            sources=sources,
+            peaks=peaks,
+            hysteresis={k: HysteresisState(cap=c) for k, (_, c) in caps.items()},
+            caps=dict(caps),
+            held_since=dict.fromkeys(caps, epoch),
+        )
+
+    def view(self) -> MemoryView:
+        return MemoryView(
+            MappingProxyType(self.hysteresis),
+            MappingProxyType(self.kappa),
+            self.sources,
+            self.peaks,
+        )
+
+    def apply_seed(
+        self,
+        kappa: Mapping[OperatorKey, float],
+        source_rates: Mapping[OperatorKey, tuple[float, ...]],
+    ) -> None:
+        """Fill what the fast loop lacks from the history table: CPU per tuple of
+        operators never measured here, arrivals of sources from before the
+        controller's own memory."""
+        for key, value in kappa.items():
+            self.kappa.setdefault(key, value)
+        if self.sources is not None:
+            for key, rates in source_rates.items():
+                if rates:
+                    self.sources.prepend(key, rates)
+
+    def update(self, result: EpochResult) -> None:
+        """Take in one epoch's result; the only writer of this memory."""
+        epoch = result.epoch
+        self.kappa.update(result.kappa_measured)
+        if self.sources is not None:
+            for key, (timestamp, value) in result.source_points.items():
+                self.sources.observe(key, timestamp, value)
+            self.sources.forget_except(set(result.views))
+        if self.peaks is not None:
+            self.peaks.observe({k: d.cores for k, d in result.demands.items()})
+        for key in result.caps:
+            self.held_since.pop(key, None)
+        held: dict[InstanceKey, tuple[str, float]] = {}
+        for key, value in self.caps.items():
+            if key in result.caps:
+                continue
+            since = self.held_since.setdefault(key, epoch)
+            if epoch - since < self.forget_after_slots:
+                held[key] = value
+            else:
+                self.held_since.pop(key, None)
+        self.caps = {**held, **result.caps}
+        self.hysteresis = {
+            **{k: s for k, s in self.hysteresis.items() if k in held},
+            **{k: s.state for k, s in result.steps.items()},
+        }

@@ -1,0 +1,153 @@
+"""Placement off the fast loop: one thread, one lock, the plan in progress.
+
+Planning at cluster size and moving instances take longer than a slot, so an
+epoch only offers its typed demands to :class:`PlacementLoop`; when the
+thread is idle and no earlier move is still settling, it plans (and, in
+enforce mode, moves) in the background, and the epoch reports the last plan
+that finished. Until instances have moved, the overflow stays cut by weight.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from controller.placement.common import PlacementStrategy
+from controller.placement.migration import LogOnlyMoveActuator, MoveActuator
+from controller.placement.stage import PlacementDemand, placement_summary, plan_placement
+from dsched.ids import InstanceKey
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlacementOffer:
+    """One epoch's snapshot for the planner."""
+
+    epoch: int
+    mode: str
+    demands: Mapping[InstanceKey, PlacementDemand]
+    capacity: Mapping[str, float]
+    current: Mapping[str, tuple[str, bool]]  # instance id -> (worker, stateful)
+    dags: Mapping[str, list[tuple[str, str]]]
+
+
+class PlacementLoop:
+    """Owns the placement thread, the moves still settling, and their lock."""
+
+    def __init__(
+        self,
+        strategy: PlacementStrategy,
+        mover: MoveActuator,
+        headroom_cores: float,
+        settle_epochs: int,
+    ):
+        self.strategy = strategy
+        self.mover = mover
+        self.headroom_cores = headroom_cores
+        # A move not reported on its new node after this many epochs is news
+        # in itself: stop waiting for it.
+        self.settle_epochs = settle_epochs
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsched-place")
+        self._job: Future | None = None
+        self._done: dict[str, Any] | None = None
+        # Instances the last plan moved -> their new node: until the agents
+        # report them there, demands still show the old placement, and a plan
+        # made from it would repeat the moves.
+        self._settling: dict[str, str] = {}
+        self._settling_since = 0
+
+    @property
+    def settling(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._settling)
+
+    def offer(self, offer: PlacementOffer) -> dict[str, Any]:
+        """Start a plan from ``offer`` when idle and settled; the record's summary."""
+        with self._lock:
+            done, self._done = self._done, None
+        busy = self._job is not None and not self._job.done()
+        settling = [] if busy else self._still_settling(offer)
+        if not busy and not settling:
+            self._job = self._pool.submit(self._plan_and_move, offer)
+        out: dict[str, Any] = {"planned": False, "in_progress": busy}
+        if settling:
+            out["awaiting_moved"] = settling
+        if done is not None:
+            out.update(done)
+        return out
+
+    def _still_settling(self, offer: PlacementOffer) -> list[str]:
+        with self._lock:
+            if not self._settling:
+                return []
+            if offer.epoch - self._settling_since > self.settle_epochs:
+                log.warning(
+                    "moved instances not reported on their new node after %d epochs: %s",
+                    self.settle_epochs,
+                    ", ".join(sorted(self._settling)),
+                )
+                self._settling = {}
+                return []
+            where = {k.id: d.node for k, d in offer.demands.items()}
+            pending = sorted(i for i, node in self._settling.items() if where.get(i) != node)
+            if not pending:
+                self._settling = {}
+            return pending
+
+    def _plan_and_move(self, offer: PlacementOffer) -> None:
+        try:
+            plan = plan_placement(
+                offer.demands,
+                capacity=offer.capacity,
+                current=offer.current,
+                strategy=self.strategy,
+                headroom_cores=self.headroom_cores,
+                dags=offer.dags,
+            )
+        except ValueError as exc:
+            log.error("epoch %d: no placement plan: %s", offer.epoch, exc)
+            with self._lock:
+                self._done = {"planned": False, "error": str(exc), "epoch": offer.epoch}
+            return
+        if plan is None:
+            return
+        mover = self.mover if offer.mode == "enforce" else LogOnlyMoveActuator()
+        try:
+            result = mover.execute(plan).to_dict()
+        except (OSError, ValueError, RuntimeError) as exc:
+            # A failed move leaves every instance where it was (the actuator
+            # rolls back); the next plan starts from what is measured then.
+            log.error("moves planned in epoch %d failed: %s", offer.epoch, exc)
+            result = {"error": str(exc)}
+        moved = set(result.get("moved", ())) | set(result.get("restarted", ()))
+        with self._lock:
+            self._settling = {m.instance: m.to_node for m in plan.moves if m.instance in moved}
+            self._settling_since = offer.epoch
+            self._done = {
+                "planned": True,
+                "epoch": offer.epoch,
+                **placement_summary(plan),
+                "actuator": mover.name,
+                "result": result,
+            }
+
+    def wait(self, timeout: float = 30.0) -> bool:
+        """Block until the thread is idle (tests, shutdown)."""
+        job = self._job
+        if job is None:
+            return True
+        try:
+            job.result(timeout=timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        self.wait()
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,226 @@
+"""When placement must act, and its plan (step 7 of the epoch).
+
+:class:`controller.placement.loop.PlacementLoop` calls :func:`plan_placement`
+off the fast loop with this epoch's typed demands::
+
+    plan = plan_placement(
+        demands,                      # InstanceKey -> PlacementDemand(node, cores, peak)
+        capacity=capacity,            # node -> cores
+        current=current,              # instance id -> (worker, stateful)
+        strategy=strategy,            # built once: build_strategy(...)
+        headroom_cores=headroom,
+        dags=dags,                    # optional, improves BFS order
+    )
+
+It returns a plan only when a node's predicted demand exceeds its capacity
+minus headroom, an instance sits on a node that is gone, or a node's whole
+demand fits in the spare room of the others (it can be emptied); and only
+when that plan moves something. Otherwise it returns None and the epoch
+moves nothing; in an epoch that needs no plan the strategy's ``observe`` is
+called instead, so strategies that count epochs (``liu``'s scale-in
+patience) see every one. Build the strategy once and pass the same object
+each epoch. Tools that replay decision records build the demands with
+:func:`demands_from_record`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from controller.placement import get_strategy
+from controller.placement.common import PlacementStrategy
+from controller.placement.model import (
+    EPSILON_CORES,
+    Instance,
+    Node,
+    PlacementInput,
+    Plan,
+    Worker,
+    instance_id,
+)
+from dsched.ids import InstanceKey
+
+#: Where each instance runs now, from the controller's histories: id -> (worker, stateful).
+Current = Mapping[str, tuple[str, bool]]
+
+
+def current_from_histories(histories: Mapping[Any, Any]) -> dict[str, tuple[str, bool]]:
+    """``current`` for :func:`plan_placement` from ``ObservedCluster.histories``."""
+    return {
+        instance_id(k.app, k.operator, k.instance): (h.worker, bool(h.stateful))
+        for k, h in histories.items()
+    }
+
+
+def dags_from_topologies(topologies: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
+    """Operator edges per app from ``ObservedCluster.topologies`` (parents)."""
+    return {
+        app: [(parent, op) for op, parents in topo.parents.items() for parent in parents]
+        for app, topo in topologies.items()
+    }
+
+
+@dataclass(frozen=True)
+class PlacementDemand:
+    """What placement needs of one instance: where it runs and what it needs."""
+
+    node: str
+    cores: float
+    peak_cores: float | None = None  # highest demand over the peak window
+
+
+def demands_from_record(
+    record: Mapping[str, Any], demand_field: str = "demand_cores"
+) -> dict[InstanceKey, PlacementDemand]:
+    """Typed demands from a decision record's ``instances`` rows (replays, tools).
+
+    ValueError naming the row when one lacks a field; a row's optional
+    ``peak_demand_cores`` becomes the instance's peak."""
+    rows = record.get("instances")
+    if not isinstance(rows, list):
+        raise ValueError("record['instances'] must be a list")
+    out: dict[InstanceKey, PlacementDemand] = {}
+    for i, row in enumerate(rows):
+        try:
+            key = InstanceKey(row["app"], row["operator"], row["instance"])
+            out[key] = PlacementDemand(row["node"], row[demand_field], row.get("peak_demand_cores"))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"record['instances'][{i}] lacks {exc}") from None
+    return out
+
+
+def build_placement_input(
+    demands: Mapping[InstanceKey, PlacementDemand],
+    capacity: Mapping[str, float],
+    current: Current,
+    *,
+    dags: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    traffic: Mapping[tuple[str, str], float] | None = None,
+) -> PlacementInput:
+    """The planner's input; ValueError naming what is wrong."""
+    instances, workers = [], {}
+    for (app, op, index), d in demands.items():
+        iid = instance_id(app, op, index)
+        if iid not in current:
+            raise ValueError(f"current has no worker for instance {iid}")
+        worker, stateful = current[iid]
+        instances.append(Instance(app, op, index, d.cores, stateful, worker, d.node, d.peak_cores))
+        known = workers.get(worker)
+        if known is None:
+            workers[worker] = Worker(worker, app, d.node, stateful)
+        elif known.node != d.node or known.stateful != stateful:
+            # Per node one worker of each kind: a name seen on two nodes or with
+            # both kinds is a mixed worker.
+            workers[worker] = Worker(worker, app, known.node, None)
+    return PlacementInput(
+        nodes=tuple(Node(node, cores) for node, cores in capacity.items()),
+        instances=tuple(instances),
+        workers=tuple(workers.values()),
+        dags={a: tuple(tuple(e) for e in edges) for a, edges in (dags or {}).items()},
+        traffic=dict(traffic or {}),
+    )
+
+
+def placement_needed(
+    state: PlacementInput, headroom_cores: float, scale_in: bool = True
+) -> list[str]:
+    """Why placement must run this epoch (empty: it need not).
+
+    With ``scale_in`` False a node that could be emptied is no reason to plan.
+    """
+    reasons = []
+    load = dict.fromkeys(state.node_ids, 0.0)
+    for inst in state.instances:
+        if inst.node in load:
+            load[inst.node] += inst.demand_cores
+    for node, used in load.items():
+        if used > state.capacity(node, headroom_cores) + EPSILON_CORES:
+            reasons.append(
+                f"node {node} over capacity: {used:.2f} > "
+                f"{state.capacity(node, headroom_cores):.2f} cores"
+            )
+    displaced = state.displaced()
+    if displaced:
+        reasons.append(f"{len(displaced)} instances on nodes that are gone")
+    spare = {n: state.capacity(n, headroom_cores) - load[n] for n in load}
+    for node, used in sorted(load.items(), key=lambda kv: kv[1]):
+        if used <= 0 or not scale_in:
+            continue
+        room = sum(max(0.0, s) for n, s in spare.items() if n != node and load[n] > 0)
+        if used <= room + EPSILON_CORES:
+            reasons.append(f"node {node} ({used:.2f} cores) can be emptied")
+            break
+    return reasons
+
+
+def build_strategy(name: str, slot_seconds: float, scale_in_wait_seconds: float, **options):
+    """The strategy ``name`` for a controller whose epoch is ``slot_seconds``, with
+    its typed options (config ``[placement.<name>]``). ``liu`` waits before a
+    stateful scale in: its wait, given in seconds, becomes plans of this slot."""
+    if name == "liu":
+        options.setdefault(
+            "scale_in_patience", max(1, math.ceil(scale_in_wait_seconds / slot_seconds - 1e-9))
+        )
+    return get_strategy(name, **options)
+
+
+def plan_placement(
+    demands: Mapping[InstanceKey, PlacementDemand],
+    capacity: Mapping[str, float],
+    current: Current,
+    strategy: PlacementStrategy | str = "liu",
+    *,
+    headroom_cores: float = 0.0,
+    dags: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    traffic: Mapping[tuple[str, str], float] | None = None,
+    scale_in: bool = True,
+) -> Plan | None:
+    """A plan when placement must act and the strategy moves something, else None.
+
+    ``scale_in`` False: only overload and vanished nodes trigger a plan (pass a
+    strategy built without scale in too, e.g. ``get_strategy("liu", scale_in=False)``).
+    """
+    if (
+        isinstance(headroom_cores, bool)
+        or not isinstance(headroom_cores, int | float)
+        or not (headroom_cores >= 0)
+    ):
+        raise ValueError(f"headroom_cores must be a number >= 0, got {headroom_cores!r}")
+    if isinstance(strategy, str):
+        strategy = get_strategy(strategy)
+    state = build_placement_input(demands, capacity, current, dags=dags, traffic=traffic)
+    why = placement_needed(state, headroom_cores, scale_in)
+    if not why:
+        strategy.observe(state, headroom_cores)
+        return None
+    plan = strategy.plan(state, headroom_cores=headroom_cores)
+    if not plan.moves:
+        return None
+    return replace(plan, reasons=(*why, *plan.reasons))
+
+
+def placement_summary(plan: Plan) -> dict[str, Any]:
+    """What goes into the decision record (and the demo JSON) about a plan."""
+    return {
+        "strategy": plan.strategy,
+        "moves": [
+            {
+                "instance": m.instance,
+                "from_node": m.from_node,
+                "to_node": m.to_node,
+                "from_worker": m.from_worker,
+                "to_worker": m.to_worker,
+                "stateful": m.stateful,
+            }
+            for m in plan.moves
+        ],
+        "affected_workers": len(plan.affected_workers),
+        "affected_stateful_workers": len(plan.affected_stateful_workers),
+        "stateful_moves": plan.stateful_moves,
+        "nodes_used": plan.nodes_used,
+        "feasible": plan.feasible,
+        "reasons": list(plan.reasons),
+    }

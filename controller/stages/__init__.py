@@ -1,0 +1,1 @@
+"""The epoch's pure stages: evaluate, forecast, demand, allocation, hysteresis (no I/O)."""

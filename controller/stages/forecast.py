@@ -1,0 +1,225 @@
+"""Stage 2 of the epoch: each operator's arrivals next slot and its CPU per tuple.
+
+The prediction is the max of the enabled predictors, chosen by name in the
+config (``predictors``); docs/architecture.md, "Load", gives the formulas:
+
+* ``linear_trend``: least squares over the last phi slots, evaluated one slot
+  on (Liu et al., "An Adaptive Online Scheme for Scheduling and Resource
+  Enforcement in Storm", load prediction by regression);
+* ``dag``: for non-sources, what the parents are predicted to send, sum over
+  parents of (arrivals + queue change) * selectivity (the same paper's
+  prediction from parents);
+* ``arima``: for sources with enough long history, an ARIMA forecast
+  (statsmodels) over the source's arrival series ("QoS-aware CPU cap
+  adjustment for timely data-flow", the MPC controller's forecast).
+
+Pure: the controller's memory (source series, CPU-per-tuple memory) is read,
+never written. What this epoch observed comes back in :class:`ForecastResult`
+and :class:`controller.memory.ControllerMemory` takes it in one place. The one
+exception is a cache: each source's :class:`predict.load.Arima` keeps its
+fitted parameters between epochs so an epoch advances its filter instead of
+refitting; the cache changes how fast a forecast is made, not its value.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controller.stages.evaluate import OperatorView
+from dsched.ids import OperatorKey
+from dsched.registry import Registry
+from predict.cost import cpu_per_tuple
+from predict.load import Arima, LinearTrend, combine, propagate
+
+#: Predictor names for the ``predictors`` config key; ``dag`` applies to
+#: non-sources and ``arima`` to sources only.
+PREDICTORS: Registry[str] = Registry("predictor", "predictors")
+for _name in ("linear_trend", "dag", "arima"):
+    PREDICTORS.add(_name, lambda _n=_name: _n)
+
+
+@dataclass
+class OperatorForecast:
+    key: OperatorKey
+    rate: float  # predicted arrivals, tuples/s, next slot
+    predictor: str  # which prediction won
+    candidates: dict[str, float]
+    kappa: float  # CPU-seconds per tuple
+
+
+class SourceHistory:
+    """Long arrival series of source operators, part of the controller's memory.
+
+    The fast loop keeps only phi slots; a source gets one point per new slot
+    here (:meth:`observe`, called by the memory update), and a cached
+    :class:`predict.load.Arima` per series.
+    """
+
+    def __init__(self, length: int = 300, fits_per_epoch: int = 8, **arima_options):
+        self.length = length
+        # First fits cost tens of milliseconds each; when many sources reach the
+        # minimum history together, fitting all in one epoch would stall it, so
+        # only this many first fits run per epoch (the rest use the trend meanwhile).
+        self.fits_per_epoch = fits_per_epoch
+        self.arima_options = arima_options
+        self.series: dict[OperatorKey, deque[float]] = {}
+        self.models: dict[OperatorKey, Arima] = {}
+        self._seen: dict[OperatorKey, float] = {}
+
+    def is_new(self, view: OperatorView) -> bool:
+        """Does ``view`` end with a slot this series has not taken yet?"""
+        return bool(len(view.arrivals)) and self._seen.get(view.key, -1.0) < view.last_timestamp
+
+    def series_with(self, view: OperatorView) -> np.ndarray:
+        """The series as it will be once ``view``'s newest slot is observed."""
+        old = self.series.get(view.key, ())
+        values = [*old, float(view.arrivals[-1])] if self.is_new(view) else list(old)
+        return np.asarray(values[-self.length :], dtype=float)
+
+    def predict(self, key: OperatorKey, series: np.ndarray, budget: FitBudget) -> float | None:
+        """ARIMA's next value, or None while the series is too short to fit."""
+        model = self.models.get(key)
+        if model is None:
+            model = self.models[key] = Arima(**self.arima_options)
+        if len(series) < model.min_history:
+            return None
+        if model.fitted_order is None and not budget.take():
+            return None
+        fc = model.predict(series)
+        return float(fc.values[0]) if fc.method == "arima" else None
+
+    # --- updates: only ControllerMemory calls these -------------------------
+    def observe(self, key: OperatorKey, timestamp: float, value: float) -> None:
+        if self._seen.get(key, -1.0) >= timestamp:
+            return
+        self._seen[key] = timestamp
+        self.series.setdefault(key, deque(maxlen=self.length)).append(value)
+
+    def prepend(self, key: OperatorKey, older: tuple[float, ...] | list[float]) -> None:
+        """Put rates from before this controller's memory (the history table)
+        ahead of what it has observed itself, so ARIMA can fit after a restart."""
+        mine = list(self.series.get(key, ()))
+        self.series[key] = deque([*older, *mine][-self.length :], maxlen=self.length)
+
+    def forget_except(self, live: set[OperatorKey]) -> None:
+        for store in (self.series, self.models, self._seen):
+            for k in set(store) - live:
+                del store[k]
+
+
+@dataclass
+class FitBudget:
+    """First ARIMA fits allowed in one epoch."""
+
+    left: int
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
+@dataclass
+class ForecastResult:
+    forecasts: dict[OperatorKey, OperatorForecast]
+    #: CPU per tuple measured this epoch (operators that processed something).
+    kappa_measured: dict[OperatorKey, float] = field(default_factory=dict)
+    #: Sources' newest slot: (end of slot, arrivals per second), for SourceHistory.
+    source_points: dict[OperatorKey, tuple[float, float]] = field(default_factory=dict)
+
+
+def forecast(
+    views: Mapping[OperatorKey, OperatorView],
+    phi: int,
+    sources: SourceHistory | None = None,
+    kappa_memory: Mapping[OperatorKey, float] | None = None,
+    predictors: tuple[str, ...] = ("linear_trend", "dag", "arima"),
+) -> ForecastResult:
+    """Predict every operator's arrivals: the max of the enabled predictors.
+
+    ``kappa_memory`` holds each operator's last measured CPU per tuple; it is
+    used when an operator processed nothing in the window (see
+    :func:`operator_cost`)."""
+    kappa_memory = {} if kappa_memory is None else kappa_memory
+    use_trend = "linear_trend" in predictors
+    use_dag = "dag" in predictors
+    use_arima = sources is not None and "arima" in predictors
+    trend = LinearTrend(window=phi)
+    budget = FitBudget(sources.fits_per_epoch if sources is not None else 0)
+    result = ForecastResult({})
+    by_app: dict[str, dict[str, OperatorView]] = {}
+    for k, v in views.items():
+        by_app.setdefault(k.app, {})[k.operator] = v
+    for app in sorted(by_app):
+        ops = by_app[app]
+        # The trend is the fallback of every operator: with it switched off an
+        # operator with no other prediction still gets its last measured rate.
+        trended = {
+            op: max(0.0, float(trend.forecast(v.arrivals, horizon=1)[0]))
+            if use_trend
+            else float(v.arrivals[-1])
+            for op, v in ops.items()
+        }
+        own = dict(trended)
+        children = {op: [c for c, w in ops.items() if op in w.upstream] for op in ops}
+        has_parents = {op for kids in children.values() for op in kids}
+        arima: dict[str, float] = {}
+        for op, v in ops.items():
+            if op in has_parents or sources is None:
+                continue
+            if sources.is_new(v):
+                result.source_points[v.key] = (v.last_timestamp, float(v.arrivals[-1]))
+            if use_arima:
+                value = sources.predict(v.key, sources.series_with(v), budget)
+                if value is not None:
+                    arima[op] = max(0.0, value)
+                    own[op] = max(own[op], arima[op])
+        # The max rule is applied along the DAG: a child sees the larger of its
+        # own trend and what its parents are predicted to send it.
+        from_parents = (
+            propagate(
+                children,
+                {op: own[op] for op in ops if op not in has_parents},
+                {op: v.selectivity for op, v in ops.items()},
+                {op: v.queue_change for op, v in ops.items()},
+                combine_with={op: own[op] for op in has_parents},
+            )
+            if use_dag
+            else {}
+        )
+        for op, v in ops.items():
+            candidates = {"linear_trend": trended[op]}
+            if op in arima:
+                candidates["arima"] = arima[op]
+            if op in has_parents and use_dag:
+                candidates["dag"] = from_parents[op]
+            best = combine(candidates)
+            kappa, measured = operator_cost(v, phi, kappa_memory)
+            if measured:
+                result.kappa_measured[v.key] = kappa
+            result.forecasts[v.key] = OperatorForecast(
+                v.key, best.value, best.winner, best.candidates, float(kappa)
+            )
+    return result
+
+
+def operator_cost(
+    view: OperatorView, phi: int, memory: Mapping[OperatorKey, float]
+) -> tuple[float, bool]:
+    """CPU-seconds per tuple of an operator and whether it was measured now.
+
+    An operator that processed nothing in the window has no cost estimate of its
+    own. An idle one needs none, but one starved by too small a cap must get
+    CPU back, or it would stay starved: it keeps its last measured cost, and one
+    never measured is charged all the CPU it burnt in the window as if for a
+    single tuple, a deliberate overestimate that lifts its cap.
+    """
+    processed = view.executed * view.seconds
+    if float(processed[-phi:].sum()) > 0:
+        return float(cpu_per_tuple(view.cpu_seconds, processed, window=phi)), True
+    return memory.get(view.key, float(view.cpu_seconds[-phi:].sum())), False

@@ -43,11 +43,18 @@ class DiscoveryRule:
     /proc comm is cut at 15 characters.
     """
 
+    # Regex searched in a process's space-joined command line.
     cmdline: str = ""
+    # Regex a thread's name must match, with groups `operator` and `instance`
+    # (and optionally `app`).
     thread_name: str = ""
+    # The application when thread_name has no `app` group.
     app: str = ""
+    # The worker these threads belong to (default: the process id).
     worker: str = ""
+    # The found instances keep state (placement keeps them apart).
     stateful: bool = False
+    # Read full thread names with `jcmd <pid> Thread.print`.
     jvm: bool = False
 
     def validate(self) -> None:
@@ -67,31 +74,51 @@ class DiscoveryRule:
 class AgentConfig:
     """All agent settings; the defaults suit a single node talking to a local controller."""
 
+    # The controller's gRPC address (HOST:PORT).
     controller: str = "127.0.0.1:7700"
+    # This node's id in reports and directives (default: the host name).
     node_id: str = field(default_factory=socket.gethostname)
+    # The agent's cgroup subtree; nothing is written outside it.
     cgroup_root: str = "dsched"
+    # `auto` (detect), `v1` (cpu hierarchy, TIDs into tasks) or `v2`
+    # (threaded subtree, cpu.max).
     cgroup_mode: str = "auto"
     # Empty means the kernel's usual place for the chosen mode.
     cgroup_mount: str = ""
+    # Prometheus /metrics address (HOST:PORT).
     metrics: str = "127.0.0.1:9709"
+    # Unix socket where instances register their threads.
     socket: str = "/run/dsched/agent.sock"
+    # Measure and report, never write a cgroup.
     dry_run: bool = False
+    # One report per slot; the controller's slot wins once connected.
     slot_seconds: float = 10.0
+    # How often per-thread CPU is sampled within a slot.
     sample_seconds: float = 1.0
+    # Slots without a word from the controller before the fallback applies.
     lease_epochs: int = 3
+    # After the lease: `hold` the last caps, or `release` them.
     fallback: str = "hold"
+    # Reports kept while disconnected, resent on reconnect (oldest dropped).
     report_buffer: int = 360
+    # CFS period written with every quota (cgroup v1 cfs_period_us, v2 cpu.max).
     cpu_period_us: int = 100_000
     # CPU this node offers to managed instances; 0 means every online CPU. When
     # set, it is also enforced as the quota of the agent's root cgroup, so the
     # capacity the controller plans with is the capacity the kernel grants.
     capacity_cores: float = 0.0
+    # Where resctrl is mounted (LLC occupancy, memory bandwidth); absent: unavailable.
     resctrl_mount: str = "/sys/fs/resctrl"
+    # The /proc to read threads from (tests point it elsewhere).
     proc_root: str = "/proc"
     # Any TlsConfig works when built in code; the annotation makes a loaded table a client one.
+    # Client TLS: ca to check the controller, cert + key of this agent.
     tls: ClientTls = field(default_factory=ClientTls)
+    # Connect without TLS to a non-loopback controller (a warning at every start).
     allow_plaintext_remote: bool = False
+    # Rules that find instance threads nobody registered (`[[discovery]]`).
     discovery: list[DiscoveryRule] = field(default_factory=list)
+    # How often discovery rules rescan processes.
     discovery_seconds: float = 10.0
 
     def validate(self) -> None:

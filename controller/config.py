@@ -160,6 +160,7 @@ class ControllerConfig:
     # move nothing: for engines without an actuator) or `testbed` (the live
     # testbed's move endpoint at `move_url`). Dry-run always logs only.
     move_actuator: str = "log-only"
+    # URL of the testbed's move endpoint (move_actuator = `testbed`).
     move_url: str = ""
     # How long the testbed move actuator waits for a plan's moves to finish.
     move_timeout_seconds: float = 120.0

@@ -25,9 +25,13 @@ class QosClass:
     comes from the table's key.
     """
 
+    # The class's name (its table's key in the config).
     name: str = ""
+    # Target mean end-to-end latency.
     target_latency_ms: float = 1000.0
+    # Share of epochs allowed over the target (0..1).
     max_violation_ratio: float = 0.1
+    # Importance in the DP when CPU is short.
     weight: float = 1.0
 
     @property
@@ -57,7 +61,9 @@ class QosConfig:
     """``[qos]``: the classes (``[qos.classes.<name>]``, replacing the defaults when
     given) and the class of applications nobody assigned."""
 
+    # The class of applications nobody assigned.
     default_class: str = "bronze"
+    # The classes; a `[qos.classes.<name>]` table replaces the defaults.
     classes: dict[str, QosClass] = field(default_factory=default_qos_classes)
 
     def validate(self) -> None:

@@ -27,7 +27,15 @@ _FIELD = re.compile(r"^\s{4}(\w+)\s*:")
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """Field name -> the comment lines right above it in the class body."""
+    """Field name -> the comment lines right above it in the class body (and its bases')."""
+    out: dict[str, str] = {}
+    for base in reversed(cls.__mro__[:-1]):
+        if dataclasses.is_dataclass(base):
+            out.update({k: v for k, v in _own_comments(base).items() if v})
+    return out
+
+
+def _own_comments(cls: type) -> dict[str, str]:
     out: dict[str, str] = {}
     pending: list[str] = []
     for line in inspect.getsource(cls).splitlines()[1:]:
@@ -90,7 +98,19 @@ def _tables(cls: type, prefix: str) -> list[tuple[str, type]]:
             out += _tables(tp, sub)
         elif typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1]):
             out += _tables(typing.get_args(tp)[1], f"{name}.<name>")
+        elif typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+            out += _tables(typing.get_args(tp)[0], f"[{name}]")
     return out
+
+
+def _is_table(tp: Any) -> bool:
+    """A nested table (rendered as its own section), not a value."""
+    args = typing.get_args(tp)
+    return bool(
+        dataclasses.is_dataclass(tp)
+        or (typing.get_origin(tp) is dict and dataclasses.is_dataclass(args[1]))
+        or (typing.get_origin(tp) is list and dataclasses.is_dataclass(args[0]))
+    )
 
 
 def render_schema(cls: type, title: str, path: str) -> str:
@@ -101,9 +121,7 @@ def render_schema(cls: type, title: str, path: str) -> str:
         rows = []
         for f in dataclasses.fields(tcls):
             tp = hints[f.name]
-            if dataclasses.is_dataclass(tp) or (
-                typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1])
-            ):
+            if _is_table(tp):
                 continue
             doc = comments.get(f.name, "").replace("|", "\\|")
             rows.append(f"| `{f.name}` | {_type_name(tp)} | {_default(f)} | {doc} |")
@@ -139,7 +157,10 @@ def undocumented() -> list[str]:
     for cls, title, _ in schemas():
         for table, tcls in _tables(cls, ""):
             comments = field_comments(tcls)
+            hints = typing.get_type_hints(tcls)
             for f in dataclasses.fields(tcls):
+                if _is_table(hints[f.name]):
+                    continue
                 if not comments.get(f.name):
                     missing.append(f"{title}: {table + '.' if table else ''}{f.name}")
     return missing

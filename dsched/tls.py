@@ -18,8 +18,11 @@ from dsched.config import require
 class TlsConfig:
     """``[tls]``: PEM files; all empty means plaintext."""
 
+    # PEM certificate of this end.
     cert: Path | None = None
+    # PEM private key of cert.
     key: Path | None = None
+    # PEM CA: the server checks clients with it, a client checks the server.
     ca: Path | None = None
 
     @property

@@ -30,13 +30,21 @@ _DERIVED_PATHS = {
 class HistoryConfig:
     """Where the history lives, how it is windowed, and on which Spark it runs."""
 
+    # Spool every slot and run the streaming job in the controller process.
     enabled: bool = True
+    # Spark master URL: `local[N]`, or a standalone, YARN or Kubernetes master.
     spark_master: str = "local[2]"
+    # Base directory; the paths below default under it.
     state_dir: Path = DEFAULT_STATE_DIR
+    # Where slot files wait for the streaming job (default: state_dir/spool).
     spool_dir: Path | None = None
+    # The Parquet history table (default: state_dir/history).
     table_dir: Path | None = None
+    # The streaming query's checkpoint (default: state_dir/checkpoints).
     checkpoint_dir: Path | None = None
+    # Fitted ARIMA orders and task models (default: state_dir/models).
     model_dir: Path | None = None
+    # Spool files that could not be parsed (default: state_dir/quarantine).
     quarantine_dir: Path | None = None
     # Spool files the history has committed are kept this long (for replay/inspection).
     retention_seconds: float = 3600.0
@@ -46,16 +54,21 @@ class HistoryConfig:
     table_retention_days: int = 30
     # The controller's slot length; windows and the watermark are whole slots.
     slot_seconds: float = 10.0
+    # Slots per history window.
     window_slots: int = 1
     # Lateness tolerated beyond a slot's end; every extra slot delays a window by one slot.
     watermark_slots: int = 0
+    # How often the streaming query looks at the spool.
     trigger_seconds: float = 1.0
+    # spark.sql.shuffle.partitions of the job.
     shuffle_partitions: int = 2
     # Extra `spark.*` settings (e.g. executor memory on a real cluster).
     spark_conf: dict[str, str] = field(default_factory=dict)
     # Batch fitting: how many windows per operator and the ARIMA (p, q) grid (d by KPSS).
     fit_windows: int = 360
+    # Largest AR order p the batch fit tries.
     arima_max_p: int = 2
+    # Largest MA order q the batch fit tries.
     arima_max_q: int = 1
 
     def __post_init__(self) -> None:

@@ -375,3 +375,35 @@ def test_an_operator_that_processed_nothing_keeps_or_gets_a_cost(tmp_path, clock
     from controller.stages.forecast import operator_cost
 
     assert operator_cost(view, 5, memory)[0] == pytest.approx(0.2 * len(view.cpu_seconds))
+
+
+def test_the_epoch_is_pure_and_the_memory_changes_only_in_update(tmp_path, clock):
+    """run_epoch reads the memory and returns a result; the same inputs give the
+    same result, and only ControllerMemory.update changes what is remembered."""
+    import copy
+
+    from controller.epoch import EpochInputs, run_epoch
+
+    c = Controller(
+        config(tmp_path, predictors=["linear_trend", "dag", "arima"]), clock=lambda: clock[0]
+    )
+    node = SyntheticNode(c)
+    run(c, node, clock, 6, {"wc": 80})
+    views = evaluate(c.cluster, c.config.phi)
+    inputs = EpochInputs(
+        c.epoch + 1, clock[0], views, {"wc": c.qos.class_of("wc")}, c.node_capacity()
+    )
+    before = copy.deepcopy(
+        (c.memory.hysteresis, c.memory.caps, c.memory.kappa, c.memory.sources.series)
+    )
+    first = run_epoch(inputs, c.memory.view(), c.config, c.allocator)
+    second = run_epoch(inputs, c.memory.view(), c.config, c.allocator)
+    after = (c.memory.hysteresis, c.memory.caps, c.memory.kappa, c.memory.sources.series)
+    assert after == before
+    assert first.caps == second.caps and first.steps == second.steps
+    c.memory.update(first)
+    assert c.memory.caps == {**first.caps}
+    assert {k: s.state for k, s in first.steps.items()} == c.memory.hysteresis
+    with pytest.raises(TypeError):
+        c.memory.view().hysteresis[next(iter(first.caps))] = None  # read-only
+    c.stop()

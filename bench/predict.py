@@ -5,7 +5,7 @@
   Poisson and Weibull arrivals with changing parameters); 10-second slots.
 * queueing: Allen-Cunneen's G/G/M waiting time against a discrete-event simulation of
   the same FCFS queue (gamma-distributed inter-arrival and service times with the
-  requested squared coefficients of variation) over utilization x servers x Ca2 x Cs2.
+  requested squared coefficients of variation) over utilization x servers x arrival_scv x Cs2.
 * timing: one ARIMA forecast update per series, a full ARIMA fit (order selection) on
   300 points, the linear trend, and min_service_rate for one and for 5000 operators.
 """
@@ -123,8 +123,8 @@ def simulate_ggm_wait(
     arrival_rate: float,
     service_rate: float,
     servers: int,
-    ca2: float,
-    cs2: float,
+    arrival_scv: float,
+    service_scv: float,
     customers: int,
     seed: int,
     warmup_fraction: float = 0.1,
@@ -134,11 +134,11 @@ def simulate_ggm_wait(
 
     Inter-arrival and service times are gamma distributed with shape ``1 / scv``, so
     their means are ``1/lambda``, ``1/mu`` and their squared coefficients of variation
-    exactly ``ca2`` and ``cs2``.
+    exactly ``arrival_scv`` and ``service_scv``.
     """
     rng = np.random.default_rng(seed)
-    gaps = rng.gamma(1.0 / ca2, ca2 / arrival_rate, customers)
-    service = rng.gamma(1.0 / cs2, cs2 / service_rate, customers).tolist()
+    gaps = rng.gamma(1.0 / arrival_scv, arrival_scv / arrival_rate, customers)
+    service = rng.gamma(1.0 / service_scv, service_scv / service_rate, customers).tolist()
     arrivals = np.cumsum(gaps).tolist()
     free_at = [0.0] * servers  # min-heap of the times each server becomes free
     waits = [0.0] * customers
@@ -156,17 +156,17 @@ def queueing_table(customers: int, seed: int, quick: bool = False) -> list[dict[
     servers_grid = (1, 4) if quick else SERVERS
     rows = []
     cells = itertools.product(utils, servers_grid, SCVS, SCVS)
-    for k, (rho, m, ca2, cs2) in enumerate(cells):
+    for k, (rho, m, arrival_scv, service_scv) in enumerate(cells):
         mu = 1.0
         lam = rho * m * mu
-        sim, stderr = simulate_ggm_wait(lam, mu, m, ca2, cs2, customers, seed + k)
-        ac = allen_cunneen_wait(lam, mu, m, ca2, cs2)
+        sim, stderr = simulate_ggm_wait(lam, mu, m, arrival_scv, service_scv, customers, seed + k)
+        ac = allen_cunneen_wait(lam, mu, m, arrival_scv, service_scv)
         rows.append(
             {
                 "utilization": rho,
                 "servers": m,
-                "ca2": ca2,
-                "cs2": cs2,
+                "arrival_scv": arrival_scv,
+                "service_scv": service_scv,
                 "simulated_wait": sim,
                 "simulated_wait_stderr": stderr,
                 "allen_cunneen_wait": ac,
@@ -183,7 +183,7 @@ def queueing_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ]
         return float(statistics.median(errs)) if errs else None
 
-    low_var = lambda r: r["ca2"] <= 1 and r["cs2"] <= 1  # noqa: E731
+    low_var = lambda r: r["arrival_scv"] <= 1 and r["service_scv"] <= 1  # noqa: E731
     summary = {
         "median_abs_relative_error_util_0.5_0.95_scv_le_1": median_abs(
             lambda r: 0.5 <= r["utilization"] <= 0.95 and low_var(r)
@@ -198,7 +198,9 @@ def queueing_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for m in sorted({r["servers"] for r in rows})
         },
         "by_scv": {
-            f"ca2={a},cs2={s}": median_abs(lambda r, a=a, s=s: r["ca2"] == a and r["cs2"] == s)
+            f"arrival_scv={a},service_scv={s}": median_abs(
+                lambda r, a=a, s=s: r["arrival_scv"] == a and r["service_scv"] == s
+            )
             for a in SCVS
             for s in SCVS
         },
@@ -288,7 +290,9 @@ def plot(path: Path, series: np.ndarray, rows: list[dict[str, Any]]) -> None:
     ax1.set_title("diurnal trace: one-step forecasts")
     ax1.legend()
     for m, marker in zip(sorted({r["servers"] for r in rows}), "osd^", strict=False):
-        sel = [r for r in rows if r["servers"] == m and r["ca2"] <= 1 and r["cs2"] <= 1]
+        sel = [
+            r for r in rows if r["servers"] == m and r["arrival_scv"] <= 1 and r["service_scv"] <= 1
+        ]
         by_u: dict[float, list[float]] = {}
         for r in sel:
             by_u.setdefault(r["utilization"], []).append(r["relative_error"])
@@ -300,7 +304,7 @@ def plot(path: Path, series: np.ndarray, rows: list[dict[str, Any]]) -> None:
     ax2.axhline(0, color="black", lw=0.5)
     ax2.set_xlabel("utilization")
     ax2.set_ylabel("median relative error of W (%), symlog")
-    ax2.set_title("Allen-Cunneen vs simulation (Ca2, Cs2 <= 1)")
+    ax2.set_title("Allen-Cunneen vs simulation (arrival_scv, Cs2 <= 1)")
     ax2.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -343,7 +347,7 @@ def _print_table(figures: dict[str, Any]) -> None:
             print(f"{trace:<14}{name:<14}{100 * m['mape']:>7.1f}%{m['rmse']:>10.2f}")
     s = figures["queueing_summary"]
     print(
-        "Allen-Cunneen median |rel err|, util 0.5-0.95, Ca2,Cs2<=1:",
+        "Allen-Cunneen median |rel err|, util 0.5-0.95, arrival_scv,Cs2<=1:",
         s["median_abs_relative_error_util_0.5_0.95_scv_le_1"],
     )
     for k, val in figures["timing"].items():

@@ -2,11 +2,11 @@
 
 All rates are per second and all times are seconds. ``arrival_rate`` is the total
 arrival rate of the operator, ``service_rate`` the rate of one instance (server),
-``ca2``/``cs2`` the squared coefficients of variation of inter-arrival and service
+``arrival_scv``/``service_scv`` the squared coefficients of variation of inter-arrival and service
 times.
 
 * :func:`allen_cunneen_wait` -- G/G/M mean waiting time in queue (service excluded):
-  ``W = P_cb / (mu * M * (1 - rho)) * (ca2 + cs2) / 2`` with ``rho = lambda / (M mu)``,
+  ``W = P_cb / (mu * M * (1 - rho)) * (arrival_scv + service_scv) / 2`` with ``rho = lambda / (M mu)``,
   ``P_cb = rho`` for M = 1, else ``(rho**M + rho) / 2`` if ``rho >= 0.7`` and
   ``rho**((M + 1) / 2)`` otherwise.
 * :func:`kingman_wait` -- the G/G/1 special case (equal to Allen--Cunneen at M = 1).
@@ -62,21 +62,23 @@ def busy_probability(utilization: float, servers: int) -> float:
 
 
 def allen_cunneen_wait(
-    arrival_rate: float, service_rate: float, servers: int, ca2: float, cs2: float
+    arrival_rate: float, service_rate: float, servers: int, arrival_scv: float, service_scv: float
 ) -> float:
     """Mean waiting time in queue of a G/G/M queue by Allen--Cunneen (seconds)."""
     lam, mu, m = _check(arrival_rate, service_rate, servers)
-    ca2, cs2 = _scv(ca2, "ca2"), _scv(cs2, "cs2")
+    arrival_scv, service_scv = _scv(arrival_scv, "arrival_scv"), _scv(service_scv, "service_scv")
     rho = lam / (m * mu)
-    return busy_probability(rho, m) / (mu * m * (1.0 - rho)) * (ca2 + cs2) / 2.0
+    return busy_probability(rho, m) / (mu * m * (1.0 - rho)) * (arrival_scv + service_scv) / 2.0
 
 
-def kingman_wait(arrival_rate: float, service_rate: float, ca2: float, cs2: float) -> float:
+def kingman_wait(
+    arrival_rate: float, service_rate: float, arrival_scv: float, service_scv: float
+) -> float:
     """Kingman's G/G/1 mean waiting time in queue (seconds)."""
     lam, mu, _ = _check(arrival_rate, service_rate, 1)
-    ca2, cs2 = _scv(ca2, "ca2"), _scv(cs2, "cs2")
+    arrival_scv, service_scv = _scv(arrival_scv, "arrival_scv"), _scv(service_scv, "service_scv")
     rho = lam / mu
-    return rho / (1.0 - rho) * (ca2 + cs2) / 2.0 / mu
+    return rho / (1.0 - rho) * (arrival_scv + service_scv) / 2.0 / mu
 
 
 def erlang_c(offered_load: float, servers: int) -> float:
@@ -103,13 +105,13 @@ WaitModel = Callable[[float, float, int, float, float], float]
 
 
 #: Waiting-time models by name, all with the signature of :func:`allen_cunneen_wait`.
-def _kingman_model(lam: float, mu: float, m: int, ca2: float, cs2: float) -> float:
+def _kingman_model(lam: float, mu: float, m: int, arrival_scv: float, service_scv: float) -> float:
     if m != 1:
         raise ValueError(f"servers must be 1 for the kingman model, got {m}")
-    return kingman_wait(lam, mu, ca2, cs2)
+    return kingman_wait(lam, mu, arrival_scv, service_scv)
 
 
-def _erlang_c_model(lam: float, mu: float, m: int, ca2: float, cs2: float) -> float:
+def _erlang_c_model(lam: float, mu: float, m: int, arrival_scv: float, service_scv: float) -> float:
     return erlang_c_wait(lam, mu, m)
 
 
@@ -121,26 +123,36 @@ WAIT_MODELS: dict[str, WaitModel] = {
 
 
 def waiting_time(
-    model: str, arrival_rate: float, service_rate: float, servers: int, ca2=1.0, cs2=1.0
+    model: str,
+    arrival_rate: float,
+    service_rate: float,
+    servers: int,
+    arrival_scv=1.0,
+    service_scv=1.0,
 ) -> float:
     """Mean waiting time in queue by the model named ``model`` (see :data:`WAIT_MODELS`)."""
     try:
         fn = WAIT_MODELS[model]
     except KeyError:
         raise ValueError(f"model must be one of {sorted(WAIT_MODELS)}, got {model!r}") from None
-    return fn(arrival_rate, service_rate, servers, ca2, cs2)
+    return fn(arrival_rate, service_rate, servers, arrival_scv, service_scv)
 
 
 # --------------------------------------------------------------------------- minimal rates
 
 
 def _check_target_inputs(
-    target: float, target_name: str, arrival_rate: float, servers: int, ca2: float, cs2: float
+    target: float,
+    target_name: str,
+    arrival_rate: float,
+    servers: int,
+    arrival_scv: float,
+    service_scv: float,
 ) -> tuple[float, float, int, float]:
     t = v.positive(target, target_name)
     lam = v.non_negative(arrival_rate, "arrival_rate")
     m = v.positive_int(servers, "servers")
-    variability = (_scv(ca2, "ca2") + _scv(cs2, "cs2")) / 2.0
+    variability = (_scv(arrival_scv, "arrival_scv") + _scv(service_scv, "service_scv")) / 2.0
     return t, lam, m, variability
 
 
@@ -180,16 +192,16 @@ def _smallest_feasible(excess: Callable[[float], float], lo: float, hi: float) -
 
 
 def min_service_rate(
-    target_wait: float, arrival_rate: float, servers: int, ca2: float, cs2: float
+    target_wait: float, arrival_rate: float, servers: int, arrival_scv: float, service_scv: float
 ) -> float:
     """Smallest per-server rate mu whose Allen--Cunneen waiting time is <= target_wait.
 
     M = 1 has the closed form ``mu = (lambda + sqrt(lambda^2 + 4 lambda v / t)) / 2``
-    with ``v = (ca2 + cs2) / 2``; otherwise the root is bracketed in closed form and
+    with ``v = (arrival_scv + service_scv) / 2``; otherwise the root is bracketed in closed form and
     found with Brent's method to :data:`RATE_RTOL`. Zero arrivals need no capacity: 0.
     """
     t, lam, m, var = _check_target_inputs(
-        target_wait, "target_wait", arrival_rate, servers, ca2, cs2
+        target_wait, "target_wait", arrival_rate, servers, arrival_scv, service_scv
     )
     if lam == 0.0:
         return 0.0
@@ -205,7 +217,7 @@ def min_service_rate(
 
 
 def min_service_rate_for_sojourn(
-    target_sojourn: float, arrival_rate: float, servers: int, ca2: float, cs2: float
+    target_sojourn: float, arrival_rate: float, servers: int, arrival_scv: float, service_scv: float
 ) -> float:
     """Smallest per-server rate mu with ``W_AC(mu) + 1/mu <= target_sojourn``.
 
@@ -214,7 +226,7 @@ def min_service_rate_for_sojourn(
     ``kappa * min_service_rate_for_sojourn(...)``.
     """
     t, lam, m, var = _check_target_inputs(
-        target_sojourn, "target_sojourn", arrival_rate, servers, ca2, cs2
+        target_sojourn, "target_sojourn", arrival_rate, servers, arrival_scv, service_scv
     )
     lo = max(lam / m, 1.0 / t)
     if lam == 0.0:
@@ -240,19 +252,28 @@ def _broadcast(**arrays: np.ndarray | float) -> dict[str, np.ndarray]:
     return out
 
 
-def allen_cunneen_wait_many(arrival_rate, service_rate, servers, ca2, cs2) -> np.ndarray:
+def allen_cunneen_wait_many(
+    arrival_rate, service_rate, servers, arrival_scv, service_scv
+) -> np.ndarray:
     """Element-wise :func:`allen_cunneen_wait`; ``inf`` where the queue is unstable."""
     a = _broadcast(
-        arrival_rate=arrival_rate, service_rate=service_rate, servers=servers, ca2=ca2, cs2=cs2
+        arrival_rate=arrival_rate,
+        service_rate=service_rate,
+        servers=servers,
+        arrival_scv=arrival_scv,
+        service_scv=service_scv,
     )
     _check_many(a)
     return _ac_wait_array(
-        a["arrival_rate"], a["service_rate"], a["servers"], (a["ca2"] + a["cs2"]) / 2
+        a["arrival_rate"],
+        a["service_rate"],
+        a["servers"],
+        (a["arrival_scv"] + a["service_scv"]) / 2,
     )
 
 
 def _check_many(a: dict[str, np.ndarray]) -> None:
-    for name in ("arrival_rate", "ca2", "cs2"):
+    for name in ("arrival_rate", "arrival_scv", "service_scv"):
         if name in a and np.any(a[name] < 0):
             raise ValueError(f"{name} must be >= 0")
     if "service_rate" in a and np.any(a["service_rate"] <= 0):
@@ -271,7 +292,7 @@ def _ac_wait_array(lam, mu, m, var) -> np.ndarray:
 
 
 def allen_cunneen_wait_array(arrival_rate, service_rate, servers, variability) -> np.ndarray:
-    """Unchecked array form for inner loops: ``variability = (ca2 + cs2) / 2``, inputs
+    """Unchecked array form for inner loops: ``variability = (arrival_scv + service_scv) / 2``, inputs
     already validated by the caller; ``inf`` where the queue is unstable."""
     return _ac_wait_array(arrival_rate, service_rate, servers, variability)
 
@@ -291,16 +312,22 @@ def _bisect_many(excess, lo: np.ndarray, hi: np.ndarray, iterations: int = 200) 
     return hi
 
 
-def min_service_rate_many(target_wait, arrival_rate, servers, ca2, cs2) -> np.ndarray:
+def min_service_rate_many(
+    target_wait, arrival_rate, servers, arrival_scv, service_scv
+) -> np.ndarray:
     """Element-wise :func:`min_service_rate` for many operators at once."""
     a = _broadcast(
-        target_wait=target_wait, arrival_rate=arrival_rate, servers=servers, ca2=ca2, cs2=cs2
+        target_wait=target_wait,
+        arrival_rate=arrival_rate,
+        servers=servers,
+        arrival_scv=arrival_scv,
+        service_scv=service_scv,
     )
     _check_many(a)
     if np.any(a["target_wait"] <= 0):
         raise ValueError("target_wait must be > 0")
     lam, m, t = a["arrival_rate"], a["servers"], a["target_wait"]
-    var = (a["ca2"] + a["cs2"]) / 2
+    var = (a["arrival_scv"] + a["service_scv"]) / 2
     lo = lam / m
     hi = np.maximum((lam + var / t) / m, lo * (1 + STABILITY_MARGIN))
     mu = _bisect_many(lambda x: _ac_wait_array(lam, x, m, var) - t, lo, hi)
@@ -308,17 +335,21 @@ def min_service_rate_many(target_wait, arrival_rate, servers, ca2, cs2) -> np.nd
 
 
 def min_service_rate_for_sojourn_many(
-    target_sojourn, arrival_rate, servers, ca2, cs2
+    target_sojourn, arrival_rate, servers, arrival_scv, service_scv
 ) -> np.ndarray:
     """Element-wise :func:`min_service_rate_for_sojourn` for many operators at once."""
     a = _broadcast(
-        target_sojourn=target_sojourn, arrival_rate=arrival_rate, servers=servers, ca2=ca2, cs2=cs2
+        target_sojourn=target_sojourn,
+        arrival_rate=arrival_rate,
+        servers=servers,
+        arrival_scv=arrival_scv,
+        service_scv=service_scv,
     )
     _check_many(a)
     if np.any(a["target_sojourn"] <= 0):
         raise ValueError("target_sojourn must be > 0")
     lam, m, t = a["arrival_rate"], a["servers"], a["target_sojourn"]
-    var = (a["ca2"] + a["cs2"]) / 2
+    var = (a["arrival_scv"] + a["service_scv"]) / 2
     lo = np.maximum(lam / m, 1 / t)
     hi = np.maximum((lam + 2 * var / t) / m, 2 / t)
     with np.errstate(divide="ignore"):

@@ -48,10 +48,34 @@ def test_benchmark_traces_are_seeded_and_cover_the_named_shapes():
 
 def test_queueing_summary_median_and_counts():
     rows = [
-        {"utilization": 0.5, "servers": 1, "ca2": 1.0, "cs2": 1.0, "relative_error": 0.02},
-        {"utilization": 0.9, "servers": 2, "ca2": 0.25, "cs2": 1.0, "relative_error": -0.2},
-        {"utilization": 0.9, "servers": 2, "ca2": 2.0, "cs2": 1.0, "relative_error": 0.5},
-        {"utilization": 0.3, "servers": 2, "ca2": 1.0, "cs2": 1.0, "relative_error": 0.9},
+        {
+            "utilization": 0.5,
+            "servers": 1,
+            "arrival_scv": 1.0,
+            "service_scv": 1.0,
+            "relative_error": 0.02,
+        },
+        {
+            "utilization": 0.9,
+            "servers": 2,
+            "arrival_scv": 0.25,
+            "service_scv": 1.0,
+            "relative_error": -0.2,
+        },
+        {
+            "utilization": 0.9,
+            "servers": 2,
+            "arrival_scv": 2.0,
+            "service_scv": 1.0,
+            "relative_error": 0.5,
+        },
+        {
+            "utilization": 0.3,
+            "servers": 2,
+            "arrival_scv": 1.0,
+            "service_scv": 1.0,
+            "relative_error": 0.9,
+        },
     ]
     s = queueing_summary(rows)
     assert s["median_abs_relative_error_util_0.5_0.95_scv_le_1"] == pytest.approx(0.11)

@@ -43,11 +43,11 @@ def test_erlang_c_large_server_count_is_finite():
 
 
 @pytest.mark.parametrize(
-    "lam,mu,ca2,cs2", [(0.5, 1.0, 1, 1), (3.0, 4.0, 0.25, 2), (0.1, 7.0, 2, 0.25)]
+    "lam,mu,arrival_scv,service_scv", [(0.5, 1.0, 1, 1), (3.0, 4.0, 0.25, 2), (0.1, 7.0, 2, 0.25)]
 )
-def test_allen_cunneen_equals_kingman_for_one_server(lam, mu, ca2, cs2):
-    assert allen_cunneen_wait(lam, mu, 1, ca2, cs2) == pytest.approx(
-        kingman_wait(lam, mu, ca2, cs2), rel=1e-12
+def test_allen_cunneen_equals_kingman_for_one_server(lam, mu, arrival_scv, service_scv):
+    assert allen_cunneen_wait(lam, mu, 1, arrival_scv, service_scv) == pytest.approx(
+        kingman_wait(lam, mu, arrival_scv, service_scv), rel=1e-12
     )
 
 
@@ -65,15 +65,33 @@ def test_allen_cunneen_is_exact_for_mm1():
 @pytest.mark.parametrize(
     "kwargs,param",
     [
-        (dict(arrival_rate=-1, service_rate=1, servers=1, ca2=1, cs2=1), "arrival_rate"),
-        (dict(arrival_rate=1, service_rate=0, servers=1, ca2=1, cs2=1), "service_rate"),
-        (dict(arrival_rate=1, service_rate=2, servers=0, ca2=1, cs2=1), "servers"),
-        (dict(arrival_rate=1, service_rate=2, servers=1.5, ca2=1, cs2=1), "servers"),
-        (dict(arrival_rate=1, service_rate=2, servers=1, ca2=-0.1, cs2=1), "ca2"),
-        (dict(arrival_rate=1, service_rate=2, servers=1, ca2=1, cs2=math.nan), "cs2"),
-        (dict(arrival_rate=math.nan, service_rate=2, servers=1, ca2=1, cs2=1), "arrival_rate"),
-        (dict(arrival_rate=2, service_rate=1, servers=2, ca2=1, cs2=1), "unstable"),
-        (dict(arrival_rate=3, service_rate=1, servers=2, ca2=1, cs2=1), "unstable"),
+        (
+            dict(arrival_rate=-1, service_rate=1, servers=1, arrival_scv=1, service_scv=1),
+            "arrival_rate",
+        ),
+        (
+            dict(arrival_rate=1, service_rate=0, servers=1, arrival_scv=1, service_scv=1),
+            "service_rate",
+        ),
+        (dict(arrival_rate=1, service_rate=2, servers=0, arrival_scv=1, service_scv=1), "servers"),
+        (
+            dict(arrival_rate=1, service_rate=2, servers=1.5, arrival_scv=1, service_scv=1),
+            "servers",
+        ),
+        (
+            dict(arrival_rate=1, service_rate=2, servers=1, arrival_scv=-0.1, service_scv=1),
+            "arrival_scv",
+        ),
+        (
+            dict(arrival_rate=1, service_rate=2, servers=1, arrival_scv=1, service_scv=math.nan),
+            "service_scv",
+        ),
+        (
+            dict(arrival_rate=math.nan, service_rate=2, servers=1, arrival_scv=1, service_scv=1),
+            "arrival_rate",
+        ),
+        (dict(arrival_rate=2, service_rate=1, servers=2, arrival_scv=1, service_scv=1), "unstable"),
+        (dict(arrival_rate=3, service_rate=1, servers=2, arrival_scv=1, service_scv=1), "unstable"),
     ],
 )
 def test_bad_queue_parameters_raise_naming_the_parameter(kwargs, param):
@@ -102,13 +120,15 @@ def test_wait_models_by_name():
     rho_a=st.floats(0.0, 0.99),
     rho_b=st.floats(0.0, 0.99),
     m=st.integers(1, 16),
-    ca2=st.floats(0.0, 4.0),
-    cs2=st.floats(0.0, 4.0),
+    arrival_scv=st.floats(0.0, 4.0),
+    service_scv=st.floats(0.0, 4.0),
 )
-def test_allen_cunneen_wait_is_finite_and_monotone_in_arrival_rate(rho_a, rho_b, m, ca2, cs2):
+def test_allen_cunneen_wait_is_finite_and_monotone_in_arrival_rate(
+    rho_a, rho_b, m, arrival_scv, service_scv
+):
     lo, hi = sorted((rho_a, rho_b))
-    w_lo = allen_cunneen_wait(lo * m, 1.0, m, ca2, cs2)
-    w_hi = allen_cunneen_wait(hi * m, 1.0, m, ca2, cs2)
+    w_lo = allen_cunneen_wait(lo * m, 1.0, m, arrival_scv, service_scv)
+    w_hi = allen_cunneen_wait(hi * m, 1.0, m, arrival_scv, service_scv)
     assert math.isfinite(w_lo) and math.isfinite(w_hi)
     assert 0.0 <= w_lo <= w_hi
 
@@ -119,21 +139,23 @@ def test_allen_cunneen_wait_is_finite_and_monotone_in_arrival_rate(rho_a, rho_b,
     t2=st.floats(1e-4, 10.0),
     lam=st.floats(0.01, 1000.0),
     m=st.integers(1, 32),
-    ca2=st.floats(0.05, 4.0),
-    cs2=st.floats(0.05, 4.0),
+    arrival_scv=st.floats(0.05, 4.0),
+    service_scv=st.floats(0.05, 4.0),
 )
-def test_min_service_rate_meets_target_is_minimal_and_monotone(t1, t2, lam, m, ca2, cs2):
+def test_min_service_rate_meets_target_is_minimal_and_monotone(
+    t1, t2, lam, m, arrival_scv, service_scv
+):
     small, large = sorted((t1, t2))
-    mu_small = min_service_rate(small, lam, m, ca2, cs2)
-    mu_large = min_service_rate(large, lam, m, ca2, cs2)
+    mu_small = min_service_rate(small, lam, m, arrival_scv, service_scv)
+    mu_large = min_service_rate(large, lam, m, arrival_scv, service_scv)
     assert math.isfinite(mu_small) and math.isfinite(mu_large)
     # A looser target never needs more capacity.
     assert mu_large <= mu_small * (1 + 1e-8)
     # Meets the target, and 1e-6 less does not (exact to 1e-6 relative).
-    assert allen_cunneen_wait(lam, mu_small, m, ca2, cs2) <= small * (1 + 1e-9)
+    assert allen_cunneen_wait(lam, mu_small, m, arrival_scv, service_scv) <= small * (1 + 1e-9)
     below = mu_small * (1 - 1e-6)
     if below > lam / m:
-        assert allen_cunneen_wait(lam, below, m, ca2, cs2) > small
+        assert allen_cunneen_wait(lam, below, m, arrival_scv, service_scv) > small
 
 
 def test_min_service_rate_closed_form_for_one_server():
@@ -172,16 +194,18 @@ def test_min_service_rate_edge_cases():
     t=st.floats(1e-3, 10.0),
     lam=st.floats(0.0, 500.0),
     m=st.integers(1, 16),
-    ca2=st.floats(0.0, 4.0),
-    cs2=st.floats(0.0, 4.0),
+    arrival_scv=st.floats(0.0, 4.0),
+    service_scv=st.floats(0.0, 4.0),
 )
-def test_min_service_rate_for_sojourn_meets_target_and_is_minimal(t, lam, m, ca2, cs2):
-    mu = min_service_rate_for_sojourn(t, lam, m, ca2, cs2)
+def test_min_service_rate_for_sojourn_meets_target_and_is_minimal(
+    t, lam, m, arrival_scv, service_scv
+):
+    mu = min_service_rate_for_sojourn(t, lam, m, arrival_scv, service_scv)
     assert math.isfinite(mu) and mu > 0
-    assert allen_cunneen_wait(lam, mu, m, ca2, cs2) + 1 / mu <= t * (1 + 1e-9)
+    assert allen_cunneen_wait(lam, mu, m, arrival_scv, service_scv) + 1 / mu <= t * (1 + 1e-9)
     below = mu * (1 - 1e-6)
     if below > lam / m:
-        assert allen_cunneen_wait(lam, below, m, ca2, cs2) + 1 / below > t
+        assert allen_cunneen_wait(lam, below, m, arrival_scv, service_scv) + 1 / below > t
 
 
 def test_sojourn_rate_gives_the_smallest_cpu_cap():
@@ -196,21 +220,24 @@ def test_vectorised_versions_agree_with_scalar():
     rng = np.random.default_rng(3)
     lam = rng.uniform(0.1, 200, 300)
     m = rng.integers(1, 9, 300)
-    ca2, cs2 = rng.uniform(0.1, 3, 300), rng.uniform(0.1, 3, 300)
+    arrival_scv, service_scv = rng.uniform(0.1, 3, 300), rng.uniform(0.1, 3, 300)
     t = rng.uniform(0.001, 1, 300)
-    many = min_service_rate_many(t, lam, m, ca2, cs2)
-    scalar = [min_service_rate(*args) for args in zip(t, lam, m, ca2, cs2, strict=True)]
+    many = min_service_rate_many(t, lam, m, arrival_scv, service_scv)
+    scalar = [
+        min_service_rate(*args) for args in zip(t, lam, m, arrival_scv, service_scv, strict=True)
+    ]
     np.testing.assert_allclose(many, scalar, rtol=1e-6)
-    soj = min_service_rate_for_sojourn_many(t + 0.01, lam, m, ca2, cs2)
+    soj = min_service_rate_for_sojourn_many(t + 0.01, lam, m, arrival_scv, service_scv)
     soj_scalar = [
-        min_service_rate_for_sojourn(*args) for args in zip(t + 0.01, lam, m, ca2, cs2, strict=True)
+        min_service_rate_for_sojourn(*args)
+        for args in zip(t + 0.01, lam, m, arrival_scv, service_scv, strict=True)
     ]
     np.testing.assert_allclose(soj, soj_scalar, rtol=1e-6)
-    waits = allen_cunneen_wait_many(lam, many, m, ca2, cs2)
+    waits = allen_cunneen_wait_many(lam, many, m, arrival_scv, service_scv)
     assert np.all(waits <= t * (1 + 1e-9))
     assert np.isinf(allen_cunneen_wait_many(5.0, 1.0, 2, 1, 1))
     np.testing.assert_allclose(
-        allen_cunneen_wait_array(lam, many, m, (ca2 + cs2) / 2), waits, rtol=1e-12
+        allen_cunneen_wait_array(lam, many, m, (arrival_scv + service_scv) / 2), waits, rtol=1e-12
     )
 
 

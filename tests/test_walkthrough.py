@@ -59,7 +59,7 @@ def test_one_epoch_from_report_to_cgroup_write(tmp_path, cgroup_v1_cpu: Path):
         received = []
         controller.sessions.attach("n1", received.append)
         # 3. Two slots of reports: counters become per-slot deltas.
-        for slot, processed in enumerate((0, 500), start=1):
+        for processed in (0, 500):
             counters = dict.fromkeys(Counters._fields, 0)
             counters.update(received=processed, executed=processed, emitted=processed)
             agent.update("wc", "count", 0, counters)

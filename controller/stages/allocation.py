@@ -142,8 +142,8 @@ class AppLatencyModel:
     share: np.ndarray
     parents: tuple[tuple[int, ...], ...]
     floor_cores: np.ndarray  # per operator: the floors of its instances, summed
-    ca2: float = 1.0
-    cs2: float = 1.0
+    arrival_scv: float = 1.0
+    service_scv: float = 1.0
 
     def latency_seconds(self, extra_cores: np.ndarray) -> np.ndarray:
         """Critical-path latency (waiting + service) for each app-level grant."""
@@ -153,7 +153,7 @@ class AppLatencyModel:
         kappa = np.maximum(self.kappa[:, None], 1e-12)
         mu = np.maximum(op_cores / m, 1e-12) / kappa
         lam = self.arrival_rate[:, None]
-        wait = _ac_wait_array(lam, mu, m, (self.ca2 + self.cs2) / 2)
+        wait = _ac_wait_array(lam, mu, m, (self.arrival_scv + self.service_scv) / 2)
         sojourn = np.where(lam > 0, wait + 1 / mu, np.where(self.kappa[:, None] > 0, 1 / mu, 0.0))
         path = np.zeros_like(sojourn)
         for j, ps in enumerate(self.parents):

@@ -156,8 +156,8 @@ def latency_needs(
     views: Mapping[OperatorKey, OperatorView],
     forecasts: Mapping[OperatorKey, OperatorForecast],
     budgets: Mapping[OperatorKey, float],
-    ca2: float = 1.0,
-    cs2: float = 1.0,
+    arrival_scv: float = 1.0,
+    service_scv: float = 1.0,
 ) -> dict[OperatorKey, float]:
     """Per operator, the smallest per-instance cap meeting its latency budget,
     solved for all operators at once (vectorized bisection)."""
@@ -172,8 +172,8 @@ def latency_needs(
         np.array([budgets[k] for k in keys]),
         np.array([forecasts[k].rate for k in keys]),
         np.array([len(views[k].instances) for k in keys], dtype=float),
-        ca2,
-        cs2,
+        arrival_scv,
+        service_scv,
     )
     kappa = np.array([forecasts[k].kappa for k in keys])
     return dict(zip(keys, (mu * kappa).tolist(), strict=True))
@@ -226,8 +226,8 @@ def _latency_model(
     ordered: list[OperatorKey],
     share: np.ndarray,
     floor_cores: np.ndarray,
-    ca2: float,
-    cs2: float,
+    arrival_scv: float,
+    service_scv: float,
 ):
     from controller.stages.allocation import AppLatencyModel
 
@@ -239,8 +239,8 @@ def _latency_model(
         share=share,
         parents=tuple(tuple(index[p] for p in views[k].upstream if p in index) for k in ordered),
         floor_cores=floor_cores,
-        ca2=ca2,
-        cs2=cs2,
+        arrival_scv=arrival_scv,
+        service_scv=service_scv,
     )
 
 
@@ -249,8 +249,8 @@ def app_latency_models(
     forecasts: Mapping[OperatorKey, OperatorForecast],
     demands: Mapping[InstanceKey, InstanceDemand],
     floor_cores: float,
-    ca2: float = 1.0,
-    cs2: float = 1.0,
+    arrival_scv: float = 1.0,
+    service_scv: float = 1.0,
 ):
     """Per application, the model that predicts its latency from the CPU it gets
     beyond the floors (shared between operators in proportion to their demand)."""
@@ -267,7 +267,9 @@ def app_latency_models(
         )
         total = extra.sum()
         share = extra / total if total > 0 else np.full(len(ordered), 1.0 / len(ordered))
-        models[app] = _latency_model(views, forecasts, ordered, share, floors, ca2, cs2)
+        models[app] = _latency_model(
+            views, forecasts, ordered, share, floors, arrival_scv, service_scv
+        )
     return models
 
 
@@ -275,8 +277,8 @@ def estimate_latency_seconds(
     views: Mapping[OperatorKey, OperatorView],
     forecasts: Mapping[OperatorKey, OperatorForecast],
     caps: Mapping[InstanceKey, float],
-    ca2: float = 1.0,
-    cs2: float = 1.0,
+    arrival_scv: float = 1.0,
+    service_scv: float = 1.0,
     max_instance_cores: float = MAX_INSTANCE_CORES,
 ) -> dict[str, float]:
     """Allen–Cunneen critical-path latency of each application under ``caps``
@@ -293,6 +295,8 @@ def estimate_latency_seconds(
                 for k in ordered
             ]
         )
-        model = _latency_model(views, forecasts, ordered, np.zeros(len(ordered)), floors, ca2, cs2)
+        model = _latency_model(
+            views, forecasts, ordered, np.zeros(len(ordered)), floors, arrival_scv, service_scv
+        )
         out[app] = float(model.latency_seconds(np.zeros(1))[0])
     return out

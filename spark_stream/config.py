@@ -66,6 +66,13 @@ class HistoryConfig:
     spark_conf: dict[str, str] = field(default_factory=dict)
     # Batch fitting: how many windows per operator and the ARIMA (p, q) grid (d by KPSS).
     fit_windows: int = 360
+    # Windows read back per source when seeding ARIMA after a restart.
+    seed_windows: int = 300
+    # Operators seeded from the table per epoch: each is a Parquet read on the
+    # epoch's thread, and after a restart every operator is new at once.
+    seed_operators_per_epoch: int = 16
+    # Spool writes allowed to wait behind a slow disk before slots are dropped.
+    max_pending_writes: int = 4
     # Largest AR order p the batch fit tries.
     arima_max_p: int = 2
     # Largest MA order q the batch fit tries.
@@ -153,6 +160,8 @@ class HistoryConfig:
             f"must be >= 1, got {self.shuffle_partitions}",
         )
         require(self.fit_windows >= 8, "fit_windows", f"must be >= 8, got {self.fit_windows}")
+        for key in ("seed_windows", "seed_operators_per_epoch", "max_pending_writes"):
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         for key in ("arima_max_p", "arima_max_q"):
             value = getattr(self, key)
             require(0 <= value <= 5, key, f"must be within 0..5, got {value}")

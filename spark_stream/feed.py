@@ -38,13 +38,10 @@ from spark_stream.spool import SpoolWriter
 
 log = logging.getLogger(__name__)
 
-# Read back at most this many windows per source when seeding ARIMA.
-SEED_WINDOWS = 300
-# Operators seeded from the table per call: each is a Parquet read on the
-# caller's thread, and after a restart every operator is new at once.
-SEED_PER_EPOCH = 16
-# Spool writes allowed to wait behind a slow disk before slots are dropped.
-MAX_PENDING_WRITES = 4
+# The defaults of the config keys that bound seeding and spool writes.
+SEED_WINDOWS: int = HistoryConfig.seed_windows
+SEED_PER_EPOCH: int = HistoryConfig.seed_operators_per_epoch
+MAX_PENDING_WRITES: int = HistoryConfig.max_pending_writes
 
 
 @dataclass(frozen=True)
@@ -158,7 +155,7 @@ class HistoryFeed:
         (:data:`spark_stream.schema.INSTANCE_FIELDS`, :data:`~spark_stream.schema.NODE_FIELDS`).
         """
         with self._lock:
-            if self._pending >= MAX_PENDING_WRITES:
+            if self._pending >= self.config.max_pending_writes:
                 # The disk cannot keep up: drop this slot rather than queue
                 # without bound; the metric says so.
                 self.writer.dropped_total += 1
@@ -197,13 +194,15 @@ class HistoryFeed:
         """What the history table holds for operators not asked about before.
 
         ``operators`` maps ``(app, operator)`` to whether it is a source. At most
-        :data:`SEED_PER_EPOCH` operators not asked about before are read per call
+        :attr:`HistoryConfig.seed_operators_per_epoch` operators not asked about before are read per call
         (so a restart never stalls one epoch); each is asked once. The answer has
         an entry for each of them whose table has windows: the newest kappa and,
         for a source, its arrival rates oldest first. A pure read: nothing outside
         the feed changes.
         """
-        todo = [k for k in operators if k not in self._seeded][:SEED_PER_EPOCH]
+        todo = [k for k in operators if k not in self._seeded][
+            : self.config.seed_operators_per_epoch
+        ]
         if not todo:
             return {}
         try:
@@ -216,7 +215,7 @@ class HistoryFeed:
             self._seeded.add(key)
             app, operator = key
             try:
-                frame = reader.operator_history(app, operator, SEED_WINDOWS)
+                frame = reader.operator_history(app, operator, self.config.seed_windows)
             except (OSError, ValueError) as exc:
                 log.debug("no history for %s/%s: %s", app, operator, exc)
                 continue

@@ -27,7 +27,8 @@ from dsched_pb import dsched_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 # Directives are idempotent: when an agent stops reading, newer ones replace
-# the backlog instead of growing it without bound.
+# the backlog instead of growing it without bound. A constant, not a setting:
+# only the newest directive matters, so a deeper queue would buy nothing.
 OUTBOUND_QUEUE = 8
 
 

@@ -27,6 +27,18 @@ BAD = [
     ("node_cost = -1\n", "node_cost"),
     ("[node_capacity_cores]\nn1 = 0\n", "node_capacity_cores.n1"),
     ('allocater = "qos-dp"\n', "allocater"),
+    ('predictors = ["linear_trend", "crystal_ball"]\n', "predictors[1]"),
+    ("predictors = []\n", "predictors"),
+    ('cap_actuator = "ssh"\n', "cap_actuator"),
+    ('move_actuator = "kubectl"\n', "move_actuator"),
+    ("[placement_options.mips]\nsamples = 0\n", "placement_options.mips"),
+    ("[placement_options.liu]\nstateful_growth = -1\n", "placement_options.liu"),
+    ("[placement_options.mips]\nsampels = 5\n", "placement_options.mips.sampels"),
+    ("max_instance_cores = 0\n", "max_instance_cores"),
+    ("max_clock_skew_seconds = -1\n", "max_clock_skew_seconds"),
+    ("decisions_kept = 0\n", "decisions_kept"),
+    ("arima_fits_per_epoch = -1\n", "arima_fits_per_epoch"),
+    ("move_timeout_seconds = 0\n", "move_timeout_seconds"),
 ]
 
 

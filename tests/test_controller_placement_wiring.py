@@ -9,7 +9,7 @@ from controller.config import ControllerConfig
 from controller.core import Controller
 from controller.placement.migration import MoveResult
 from dsched.config import ConfigError, from_dict
-from dsched.demo import placement_figure
+from testbed.demo import placement_figure
 from tests.test_controller_epoch import SyntheticNode, config, run
 
 

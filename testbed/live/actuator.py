@@ -3,11 +3,15 @@
 A small JSON-over-HTTP server on loopback (``http.server``), because the
 controller is a separate process:
 
-- ``POST /moves`` with a plan (``controller.migration.plan_to_dict``): every
-  move is handed to the :class:`DistributedTopology` of its application (the
-  first component of the instance id); the reply merges their
-  ``MigrationResult``s. Moves of unknown applications are refused with the
-  reason. A malformed plan gets HTTP 400 naming the field; nothing moves.
+- ``POST /moves`` with a plan (``controller.placement.migration.plan_to_dict``):
+  every move is handed to the :class:`DistributedTopology` of its application
+  (the first component of the instance id); the reply is their merged
+  ``MoveResult`` (``controller.placement.migration``), sent with its
+  ``to_dict()`` and read back by the controller with ``MoveResult.from_dict``.
+  The plan is read with the controller's ``plan_from_dict`` too: the testbed
+  has no JSON keys of its own, so the two ends cannot drift apart. Moves of
+  unknown applications are refused with the reason. A malformed plan gets
+  HTTP 400 naming the field; nothing moves.
 - ``GET /placement``: instance id -> [worker, node] for every application.
 
 Moves are executed one request at a time.
@@ -32,13 +36,13 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from controller.migration import plan_from_dict
+from controller.placement.migration import MoveResult, plan_from_dict
 from controller.placement.model import Plan
-from testbed.live.distributed import DistributedTopology, MigrationResult
+from testbed.live.distributed import DistributedTopology, migration_result
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +50,9 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
-def execute_plan(topologies: Mapping[str, DistributedTopology], plan: Plan) -> dict[str, Any]:
-    """Run ``plan`` on the topologies it names; the merged result as a dict."""
-    merged = MigrationResult()
+def execute_plan(topologies: Mapping[str, DistributedTopology], plan: Plan) -> MoveResult:
+    """Run ``plan`` on the topologies it names; their results merged into one."""
+    merged = migration_result()
     by_app: dict[str, list] = {}
     for move in plan.moves:
         app = move.instance.split("/", 1)[0]
@@ -57,16 +61,20 @@ def execute_plan(topologies: Mapping[str, DistributedTopology], plan: Plan) -> d
         else:
             by_app.setdefault(app, []).append(move)
     for app, moves in by_app.items():
-        r = topologies[app].migrate(replace(plan, moves=tuple(moves)))
-        merged.moved += r.moved
-        merged.restarted += r.restarted
-        merged.rolled_back.update(r.rolled_back)
-        merged.refused.update(r.refused)
-        merged.affected_workers += r.affected_workers
-        merged.started_workers += r.started_workers
-        merged.stopped_workers += r.stopped_workers
-        merged.pause_seconds = max(merged.pause_seconds, r.pause_seconds)
-    return {**merged.to_dict(), "executed": True}
+        merge_result(merged, topologies[app].migrate(replace(plan, moves=tuple(moves))))
+    return merged
+
+
+def merge_result(into: MoveResult, part: MoveResult) -> None:
+    """Add one application's ``part`` to ``into``: every list and every reason map of
+    ``MoveResult`` adds up (whatever fields it has), the pause is the longest."""
+    for f in fields(MoveResult):
+        mine, theirs = getattr(into, f.name), getattr(part, f.name)
+        if isinstance(mine, list):
+            mine.extend(theirs)
+        elif isinstance(mine, dict):
+            mine.update(theirs)
+    into.pause_seconds = max(into.pause_seconds, part.pause_seconds)
 
 
 class MoveEndpoint:
@@ -122,7 +130,7 @@ class MoveEndpoint:
                     return
                 with endpoint._serialize:
                     try:
-                        result = execute_plan(endpoint.topologies, plan)
+                        result = execute_plan(endpoint.topologies, plan).to_dict()
                     except Exception as exc:  # noqa: BLE001 - reported to the caller, logged here
                         log.exception("executing a plan failed")
                         self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})

@@ -1,16 +1,17 @@
 """One application over several "nodes": worker processes, a central router and acker, live moves.
 
-:class:`DistributedTopology` has the public API of ``engine.LiveTopology``
-(``start()``, ``stop(drain_timeout) -> TopologyStats``, ``stats()``) and adds
-``migrate(plan)``. Each instance runs as a thread in a worker process
-(``workers.py``): per node, one stateful and one stateless worker, each
-registering its instances' TIDs with that node's agent, so node capacity and
-per-instance caps are enforced by the real agents and cgroups.
+:class:`DistributedTopology` is a :class:`~testbed.live.topology.Topology`,
+like ``engine.LiveTopology`` (``start()``, ``stop(drain_timeout) ->
+TopologyStats``, ``stats()``), and adds ``migrate(plan)``. Each instance runs
+as a thread in a worker process (``workers.py``): per node, one stateful and
+one stateless worker, each registering its instances' TIDs with that node's
+agent, so node capacity and per-instance caps are enforced by the real agents
+and cgroups.
 
 The driver (this object, in the calling process) is the router, in the way a
 Heron stream manager is: every tuple an instance emits goes back to the driver
 with the instance's acknowledgement, the driver acks it with the central
-:class:`~testbed.live.engine.Acker` (exact lost / duplicated counts by tuple id)
+:class:`~testbed.live.topology.Acker` (exact lost / duplicated counts by tuple id)
 and routes the children by shuffle or fields grouping. Because every tuple
 passes through one place, the driver keeps, per instance, an upstream backup:
 
@@ -45,12 +46,10 @@ incarnation that is no longer current are ignored.
 from __future__ import annotations
 
 import copy
-import itertools
 import logging
 import os
 import pickle
 import queue
-import random
 import secrets
 import signal
 import socket
@@ -59,15 +58,14 @@ import sys
 import tempfile
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
-from typing import Any
 
+from controller.placement.migration import MoveResult, TestbedMoveActuator
 from controller.placement.model import Plan
-from testbed.live.engine import Acker, TopologySpec, TopologyStats, Tuple
+from testbed.live.topology import Topology, TopologySpec, Tuple
 from testbed.live.workers import (
     BATCH_SIZE,
     FLUSH_SECONDS,
@@ -124,24 +122,19 @@ class InstanceSlot:
     replies: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
 
 
-@dataclass
-class MigrationResult:
-    """What ``migrate`` did; reasons are keyed by instance id (``app/operator/index``)."""
+def migration_result() -> MoveResult:
+    """An empty result of the testbed's moves, in the controller's own type.
 
-    moved: list[str] = field(default_factory=list)
-    restarted: list[str] = field(default_factory=list)  # from a vanished node or dead worker
-    rolled_back: dict[str, str] = field(default_factory=dict)
-    refused: dict[str, str] = field(default_factory=dict)
-    affected_workers: list[str] = field(default_factory=list)
-    started_workers: list[str] = field(default_factory=list)
-    stopped_workers: list[str] = field(default_factory=list)
-    pause_seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    ``migrate`` fills it and the move endpoint sends its ``to_dict()``; the
+    controller's ``TestbedMoveActuator`` reads it back with ``MoveResult.from_dict``,
+    so both ends use one definition. Reasons are keyed by instance id
+    (``app/operator/index``); ``restarted`` lists instances started again from a
+    vanished node or a dead worker.
+    """
+    return MoveResult(actuator=TestbedMoveActuator.name, executed=True)
 
 
-class DistributedTopology:
+class DistributedTopology(Topology):
     """Runs one application's topology across worker processes on several nodes."""
 
     def __init__(
@@ -170,19 +163,15 @@ class DistributedTopology:
             raise ValueError("nodes must name at least one node")
         if checkpoint_seconds <= 0:
             raise ValueError(f"checkpoint_seconds must be > 0, got {checkpoint_seconds!r}")
-        self.spec, self.rate, self.seed = spec, rate, seed
+        super().__init__(spec, rate, timeout_seconds=timeout_seconds, seed=seed)
         self.nodes: dict[str, str | None] = dict(nodes)
         self.flush_seconds, self.batch_size = flush_seconds, batch_size
         self.checkpoint_seconds = checkpoint_seconds
         self.reply_timeout = reply_timeout
         self.listen = listen
-        self.acker = Acker(timeout_seconds)
-        self.children = {o.name: [c.name for c in spec.children(o.name)] for o in spec.operators}
         self._runtimes = {
             o.name: OperatorRuntime(o, len(self.children[o.name])) for o in spec.operators
         }
-        self._grouping = {o.name: o.grouping for o in spec.operators}
-        self._parallelism = {o.name: o.parallelism for o in spec.operators}
         placement = dict(placement or {})
         first = next(iter(self.nodes))
         self.slots: dict[InstanceRef, InstanceSlot] = {}
@@ -203,16 +192,9 @@ class DistributedTopology:
         self._tmp = tempfile.TemporaryDirectory(prefix="dsched-dist-")
         self._authkey = secrets.token_bytes(16)
         self._listener: Listener | None = None
+        self._acceptor: threading.Thread | None = None
         self._arrivals: dict[str, Connection] = {}
         self._arrived = threading.Condition()
-        self._root_ids = itertools.count()
-        self._rr = {o.name: itertools.cycle(range(o.parallelism)) for o in spec.operators}
-        self._rng = random.Random(seed)
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.started_at = 0.0
-        self.injected = 0
-        self._t0 = 0.0
 
     # ------------------------------------------------------------ names
     def instance_id(self, op: str, index: int) -> str:
@@ -399,11 +381,7 @@ class DistributedTopology:
     # ------------------------------------------------------------ routing
     def _route(self, op: str, raw: tuple) -> int:
         """Deliver ``raw`` to one instance of ``op``; returns the instance index."""
-        if self._grouping[op] == "fields":
-            # crc32, not hash(): the same key must pick the same instance in every process.
-            idx = zlib.crc32(raw[3].encode()) % self._parallelism[op]
-        else:
-            idx = next(self._rr[op])
+        idx = self._pick(op, raw[3], raw[4])
         slot = self.slots[(op, idx)]
         if slot.paused or slot.worker is None:
             slot.held.append(raw)
@@ -414,24 +392,10 @@ class DistributedTopology:
 
     def _inject(self, now: float) -> None:
         with self._lock:
-            for src in self.spec.sources:
-                root = next(self._root_ids)
-                key, value = self.spec.make_root(root, self._rng)
-                self.acker.new_root(root, now)
-                self._route(src.name, (root, (), now, key, value))
-            self.injected += 1
+            super()._inject(now)
 
-    def _pace(self) -> None:
-        due, last = 0.0, time.monotonic()
-        while not self._stop.is_set():
-            time.sleep(0.005)
-            now_m = time.monotonic()
-            due += max(0.0, float(self.rate(now_m - self._t0))) * (now_m - last)
-            last = now_m
-            now = time.time()
-            while due >= 1.0:
-                self._inject(now)
-                due -= 1.0
+    def _deliver_root(self, operator: str, t: Tuple) -> None:
+        self._route(operator, (t.root, t.tid, t.created, t.key, t.value))
 
     def _checkpoint_loop(self) -> None:
         while not self._stop.wait(self.checkpoint_seconds):
@@ -508,35 +472,19 @@ class DistributedTopology:
         else:
             address, family = self.listen, "AF_INET"
         self._listener = Listener(address, family=family, authkey=self._authkey)
-        acceptor = threading.Thread(target=self._accept_loop, name="driver.accept", daemon=True)
-        acceptor.start()
-        self._threads.append(acceptor)
+        self._acceptor = threading.Thread(
+            target=self._accept_loop, name="driver.accept", daemon=True
+        )
+        self._acceptor.start()
         for slot in self.slots.values():
             self._launch(slot, self._worker(slot.node, slot.stateful))
         for slot in self.slots.values():
             if not self._confirm(slot, slot.worker, "started"):
                 raise RuntimeError(f"worker of {self.instance_id(slot.op, slot.index)} died")
-        self._t0 = time.monotonic()
-        self.started_at = time.time()
-        for target, name in ((self._pace, "pacer"), (self._checkpoint_loop, "checkpoints")):
-            t = threading.Thread(target=target, name=f"{self.spec.app}.{name}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._start_input((self._checkpoint_loop, "checkpoints"))
 
-    def stop_input(self) -> None:
-        self._stop.set()
-        for t in self._threads[1:]:
-            t.join(timeout=5)
-
-    def drain(self, timeout: float = 60.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.acker.in_flight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.acker.in_flight == 0
-
-    def stop(self, drain_timeout: float = 60.0) -> TopologyStats:
-        self.stop_input()
-        drained = self.drain(drain_timeout)
+    def _shutdown(self) -> None:
+        """Ask every worker to exit, then close the driver's connections and socket."""
         for handle in list(self.workers.values()):
             if handle.alive:
                 handle.out.put(("exit",), urgent=True)
@@ -559,15 +507,9 @@ class DistributedTopology:
                     wake.connect(listener.address)
                 except OSError:
                     pass
-            self._threads[0].join(timeout=5)
+            self._acceptor.join(timeout=5)
             listener.close()
         self._tmp.cleanup()
-        stats = self.stats()
-        stats.drained = drained
-        return stats
-
-    def stats(self) -> TopologyStats:
-        return self.acker.stats(self.spec.app, stopped=self._stop.is_set())
 
     # ------------------------------------------------------------ nodes
     def add_node(self, node: str, agent_socket: str | None) -> None:
@@ -590,7 +532,7 @@ class DistributedTopology:
         self,
         plan: Plan,
         observer: Callable[[str, str, WorkerHandle], None] | None = None,
-    ) -> MigrationResult:
+    ) -> MoveResult:
         """Carry out the moves of ``plan`` that concern this application.
 
         ``observer(phase, instance_id, worker)`` is called at "target-ready"
@@ -602,8 +544,8 @@ class DistributedTopology:
 
     def _migrate(
         self, plan: Plan, observer: Callable[[str, str, WorkerHandle], None] | None
-    ) -> MigrationResult:
-        result = MigrationResult()
+    ) -> MoveResult:
+        result = migration_result()
         before = self._worker_sets()
         prefix = f"{self.spec.app}/"
         moving: list[tuple[InstanceSlot, str]] = []
@@ -717,7 +659,7 @@ class DistributedTopology:
             return f"already on {move.to_node!r}"
         return None
 
-    def _roll_back(self, slot: InstanceSlot, why: str, result: MigrationResult) -> None:
+    def _roll_back(self, slot: InstanceSlot, why: str, result: MoveResult) -> None:
         """Start the instance again where it was (a fresh worker if its own died)."""
         iid = self.instance_id(slot.op, slot.index)
         candidates = [slot.node] if slot.node in self.nodes else []

@@ -15,17 +15,16 @@ process whose thread is the one registered with the agent and capped, while
 the instance thread keeps queueing, routing, acking and state. ``cpu="thread"``
 burns in the instance thread itself (no root needed to register it).
 
-Every root tuple is tracked Storm-style by an acker: a root is complete when
-its whole tree has been processed; its complete latency is measured from
-creation to that moment. Because every tuple carries an id, the engine can say
-exactly how many roots were lost or processed twice, which is how tests and
-benchmarks prove that caps and migrations never drop data.
+Input, routing by grouping, the acker (exact lost / duplicated counts by tuple
+id, complete latency from creation to the end of a root's tree) and
+stop / drain are :class:`~testbed.live.topology.Topology`'s, shared with
+``distributed.DistributedTopology``; the topology types are defined there and
+re-exported here.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import math
 import os
@@ -36,13 +35,39 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
-from array import array
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from dsched.names import check_name
+from testbed.live.topology import (
+    Acker,
+    Emit,
+    OperatorSpec,
+    Topology,
+    TopologySpec,
+    TopologyStats,
+    Tuple,
+)
+
+__all__ = [
+    "CPU_MODES",
+    "Acker",
+    "CpuWorker",
+    "Emit",
+    "Instance",
+    "InstanceCounters",
+    "LiveTopology",
+    "OperatorSpec",
+    "TopologySpec",
+    "TopologyStats",
+    "Tuple",
+    "burn",
+    "burn_chunks",
+    "calibrate_hash_seconds",
+    "chunks_for",
+    "default_cpu_mode",
+    "hash_seconds",
+]
 
 log = logging.getLogger(__name__)
 
@@ -161,75 +186,6 @@ def default_cpu_mode() -> str:
     return "process" if os.geteuid() == 0 else "thread"
 
 
-@dataclass(frozen=True)
-class Tuple:
-    root: int
-    tid: tuple[int, ...]  # unique path of this tuple in its root's tree
-    created: float
-    key: str
-    value: Any
-
-
-Emit = list[tuple[str, Any]]  # (key, value) pairs
-
-
-@dataclass(frozen=True)
-class OperatorSpec:
-    name: str
-    parallelism: int
-    cost_ms: float
-    fn: Callable[[Tuple, dict], Emit]
-    upstream: tuple[str, ...] = ()
-    stateful: bool = False
-    # How tuples reach this operator's instances: "shuffle" or "fields" (by key).
-    grouping: str = "shuffle"
-
-    def __post_init__(self) -> None:
-        check_name("operator", self.name)
-        if self.parallelism < 1:
-            raise ValueError(f"operator {self.name}: parallelism must be >= 1")
-        if self.cost_ms < 0:
-            raise ValueError(f"operator {self.name}: cost_ms must be >= 0")
-        if self.grouping not in ("shuffle", "fields"):
-            raise ValueError(f"operator {self.name}: grouping must be shuffle or fields")
-
-
-@dataclass(frozen=True)
-class TopologySpec:
-    app: str
-    operators: tuple[OperatorSpec, ...]
-    # Makes the root tuples' (key, value) for a source, given a sequence number.
-    make_root: Callable[[int, random.Random], tuple[str, Any]] = lambda n, rng: (str(n), n)
-
-    def __post_init__(self) -> None:
-        check_name("app", self.app)
-        names = [o.name for o in self.operators]
-        if len(set(names)) != len(names):
-            raise ValueError(f"topology {self.app}: duplicate operator names")
-        for o in self.operators:
-            for u in o.upstream:
-                if u not in names:
-                    raise ValueError(f"topology {self.app}: {o.name} has unknown upstream {u!r}")
-
-    @property
-    def sources(self) -> list[OperatorSpec]:
-        return [o for o in self.operators if not o.upstream]
-
-    def children(self, name: str) -> list[OperatorSpec]:
-        return [o for o in self.operators if name in o.upstream]
-
-    def cpu_per_root_ms(self, fanout: dict[str, float]) -> float:
-        """Mean CPU per root tuple given mean tuples emitted per input per operator."""
-        arrivals = {o.name: 1.0 for o in self.sources}
-        total = 0.0
-        for o in self.operators:  # operators are listed in topological order
-            a = arrivals.get(o.name, 0.0)
-            total += a * o.cost_ms
-            for c in self.children(o.name):
-                arrivals[c.name] = arrivals.get(c.name, 0.0) + a * fanout.get(o.name, 1.0)
-        return total
-
-
 @dataclass
 class InstanceCounters:
     received: int = 0
@@ -252,72 +208,6 @@ class InstanceCounters:
             latency_sum_seconds=self.latency_sum_seconds,
             latency_count=self.latency_count,
             service_seconds=self.service_seconds,
-        )
-
-
-class Acker:
-    """Tracks every root tuple's tree; complete when no part of it is pending."""
-
-    def __init__(self, timeout_seconds: float):
-        self.timeout_seconds = timeout_seconds
-        self._lock = threading.Lock()
-        self._pending: dict[int, int] = {}
-        self._created: dict[int, float] = {}
-        # Parts of each open tree already processed, to catch a tuple processed twice.
-        self._seen: dict[int, set[tuple[int, ...]]] = {}
-        self.roots = 0
-        self.completed = 0
-        self.failed = 0  # completed after the timeout
-        self.duplicated = 0
-        self.latencies = array("d")
-        self.completion_times = array("d")
-
-    def new_root(self, root: int, created: float) -> None:
-        with self._lock:
-            self._pending[root] = 1
-            self._created[root] = created
-            self._seen[root] = set()
-            self.roots += 1
-
-    def processed(self, t: Tuple, emitted: int, now: float) -> float | None:
-        """Account one processed tuple; returns the root's latency if it just completed."""
-        with self._lock:
-            seen = self._seen.get(t.root)
-            if seen is None or t.tid in seen:
-                # Either the tree already completed or this part was done before.
-                self.duplicated += 1
-                return None
-            seen.add(t.tid)
-            left = self._pending[t.root]
-            left += emitted - 1
-            if left > 0:
-                self._pending[t.root] = left
-                return None
-            del self._pending[t.root]
-            del self._seen[t.root]
-            latency = now - self._created.pop(t.root)
-            self.completed += 1
-            self.latencies.append(latency)
-            self.completion_times.append(now)
-            if latency > self.timeout_seconds:
-                self.failed += 1
-            return latency
-
-    @property
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._pending)
-
-    def stats(self, app: str, stopped: bool) -> TopologyStats:
-        """The counts so far; roots still open count as lost once input has stopped."""
-        return TopologyStats(
-            app=app,
-            roots=self.roots,
-            completed=self.completed,
-            lost=self.in_flight if stopped else 0,
-            duplicated=self.duplicated,
-            failed=self.failed,
-            latencies=list(self.latencies),
         )
 
 
@@ -383,7 +273,7 @@ class Instance:
                 c.latency_count += 1
 
 
-class LiveTopology:
+class LiveTopology(Topology):
     """Runs one application's topology as threads in this process."""
 
     def __init__(
@@ -410,36 +300,22 @@ class LiveTopology:
         self.cpu = cpu or default_cpu_mode()
         if self.cpu not in CPU_MODES:
             raise ValueError(f"cpu must be one of {', '.join(CPU_MODES)}, got {cpu!r}")
-        self.group_keys = dict(group_keys or {})
-        unknown = set(self.group_keys) - {o.name for o in spec.operators}
-        if unknown:
-            raise ValueError(f"group_keys names unknown operators {sorted(unknown)}")
+        super().__init__(
+            spec, rate, timeout_seconds=timeout_seconds, seed=seed, group_keys=group_keys
+        )
         self.aborted = threading.Event()
         # Set once shutdown closes the CPU workers, whether or not every
         # instance thread has finished its queue.
         self.closing = threading.Event()
-        self.spec = spec
-        self.rate = rate
         self.node = node
-        self.seed = seed
-        self.acker = Acker(timeout_seconds)
         self.instances: dict[str, list[Instance]] = {}
         for o in spec.operators:
             kind = "stateful" if o.stateful else "stateless"
             worker = f"{spec.app}-{kind}-{node}"
             self.instances[o.name] = [Instance(self, o, i, worker) for i in range(o.parallelism)]
-        self.children = {o.name: [c.name for c in spec.children(o.name)] for o in spec.operators}
-        self._grouping = {o.name: o.grouping for o in spec.operators}
-        self._root_ids = itertools.count()
-        self._rr = {o.name: itertools.cycle(range(o.parallelism)) for o in spec.operators}
-        self._stop = threading.Event()
-        self._pacer = threading.Thread(target=self._pace, name=f"{spec.app}.pacer", daemon=True)
         self._reporter: threading.Thread | None = None
         self._client = None
         self._agent_socket = agent_socket
-        self.started_at = 0.0
-        self.injected = 0
-        self._rng = random.Random(seed)
 
     # ------------------------------------------------------------ routing
     def all_instances(self) -> Iterable[Instance]:
@@ -447,40 +323,12 @@ class LiveTopology:
             yield from insts
 
     def route(self, operator: str, t: Tuple) -> None:
-        insts = self.instances[operator]
-        if self._grouping[operator] == "fields":
-            key_of = self.group_keys.get(operator)
-            key = t.key if key_of is None else key_of(t.value)
-            # crc32, not hash(): the same key must land on the same instance in
-            # every process, so that state can move between workers.
-            idx = zlib.crc32(key.encode()) % len(insts)
-        else:
-            idx = next(self._rr[operator])
-        inst = insts[idx]
+        inst = self.instances[operator][self._pick(operator, t.key, t.value)]
         inst.counters.received += 1
         inst.queue.put(t)
 
-    def _inject(self, now: float) -> None:
-        for src in self.spec.sources:
-            root = next(self._root_ids)
-            key, value = self.spec.make_root(root, self._rng)
-            self.acker.new_root(root, now)
-            self.route(src.name, Tuple(root, (), now, key, value))
-        self.injected += 1
-
-    def _pace(self) -> None:
-        due = 0.0
-        last = time.monotonic()
-        while not self._stop.is_set():
-            time.sleep(0.005)
-            now_m = time.monotonic()
-            r = max(0.0, float(self.rate(now_m - self._t0)))
-            due += r * (now_m - last)
-            last = now_m
-            now = time.time()
-            while due >= 1.0:
-                self._inject(now)
-                due -= 1.0
+    def _deliver_root(self, operator: str, t: Tuple) -> None:
+        self.route(operator, t)
 
     # ------------------------------------------------------------ agent link
     def _register_all(self) -> None:
@@ -530,31 +378,7 @@ class LiveTopology:
                 target=self._report, name=f"{self.spec.app}.reporter", daemon=True
             )
             self._reporter.start()
-        self._t0 = time.monotonic()
-        self.started_at = time.time()
-        self._pacer.start()
-
-    def stop_input(self) -> None:
-        """Stop injecting new roots (the tuples in flight keep going)."""
-        self._stop.set()
-        if self._pacer.is_alive():
-            self._pacer.join()
-
-    def drain(self, timeout: float = 60.0) -> bool:
-        """Wait until every injected root has completed; False on timeout."""
-        deadline = time.monotonic() + timeout
-        while self.acker.in_flight and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.acker.in_flight == 0
-
-    def stop(self, drain_timeout: float = 60.0) -> TopologyStats:
-        """Stop input, wait for the tuples in flight, then stop every instance."""
-        self.stop_input()
-        drained = self.drain(drain_timeout)
-        self._shutdown(push_counters=True)
-        stats = self.stats()
-        stats.drained = drained
-        return stats
+        self._start_input()
 
     def abort(self) -> int:
         """Stop input and every instance now, dropping the backlog; returns the
@@ -564,7 +388,7 @@ class LiveTopology:
         self._shutdown(push_counters=False)
         return self.acker.in_flight
 
-    def _shutdown(self, push_counters: bool) -> None:
+    def _shutdown(self, push_counters: bool = True) -> None:
         for inst in self.all_instances():
             inst.queue.put(None)
         for inst in self.all_instances():
@@ -596,18 +420,3 @@ class LiveTopology:
                 self._client.unregister(self.spec.app, inst.spec.name, inst.index)
             self._client.close()
             self._client = None
-
-    def stats(self) -> TopologyStats:
-        return self.acker.stats(self.spec.app, stopped=self._stop.is_set())
-
-
-@dataclass
-class TopologyStats:
-    app: str
-    roots: int
-    completed: int
-    lost: int
-    duplicated: int
-    failed: int
-    latencies: list[float] = field(default_factory=list)
-    drained: bool = True

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from testbed.live.engine import OperatorSpec, TopologySpec, Tuple
+from testbed.live.topology import OperatorSpec, TopologySpec, Tuple
 
 COUNTRIES = ("DE", "FR", "US", "CN", "BR", "IN", "JP", "GB", "IT", "ES", "NL", "SE")
 ISPS = tuple(f"as{n}" for n in (3320, 3215, 7922, 4134, 28573, 9829, 2516, 5089, 3269, 12479))

@@ -36,7 +36,8 @@ from pathlib import Path
 
 from agent.cgroups import CgroupV1, ThreadGone
 from agent.registry import InstanceKey
-from testbed.live.engine import LiveTopology, OperatorSpec
+from testbed.live.engine import LiveTopology
+from testbed.live.topology import OperatorSpec
 
 # ---------------------------------------------------------------- cap strategies
 

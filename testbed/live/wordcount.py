@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from testbed.live.engine import OperatorSpec, TopologySpec, Tuple
+from testbed.live.topology import OperatorSpec, TopologySpec, Tuple
 
 WORDS = (
     "stream cluster operator latency queue tuple window state worker node cap core "

@@ -2,10 +2,11 @@
 
 A worker is one OS process per (application, node, kind), kind being stateful
 or stateless, so that moving a stateless instance never restarts a process
-that holds state (DESIGN §4 step 7). Each worker hosts its instances as
-threads running the same per-tuple work as ``engine.py`` (``burn`` plus the
-operator's function) and registers every instance thread's TID with the agent
-of its node.
+that holds state (the worker layout of the `liu` placement strategy:
+docs/placement.md, "Strategies"; docs/live-testbed.md, "Nodes and workers").
+Each worker hosts its instances as threads running the same per-tuple work as
+``engine.py`` (``burn`` plus the operator's function) and registers every
+instance thread's TID with the agent of its node.
 
 A worker talks to the driver (``distributed.DistributedTopology``) over one
 ``multiprocessing.connection`` (a Unix socket, or TCP for nodes in network
@@ -47,7 +48,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from testbed.live.engine import InstanceCounters, OperatorSpec, Tuple, burn
+from testbed.live.engine import InstanceCounters, burn
+from testbed.live.topology import OperatorSpec, Tuple
 
 log = logging.getLogger(__name__)
 

@@ -73,3 +73,24 @@ def write_result(
         tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=float) + "\n")
         tmp.replace(p)
     return doc
+
+
+def reference_seconds(repeats: int = 5) -> float:
+    """Median time of a fixed workload, timed in the calling process.
+
+    The same code has measured 1.7x slower on one day than another on these
+    shared machines; an absolute time is reported beside this, so a reader can
+    tell a slower controller from a slower machine. The workload mixes what an
+    epoch does: numpy over a few million floats and Python dict and tuple work.
+    """
+    import numpy as np
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        values = np.random.default_rng(0).random(2_000_000)
+        np.sort(values)
+        table = {(i % 500, i): float(i) for i in range(200_000)}
+        sum(v for k, v in table.items() if k[0] == 7)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import write_result
+from bench.common import reference_seconds, write_result
 from controller.config import ControllerConfig
 from controller.core import Controller, tune_gc
 from controller.model import OperatorKey
@@ -200,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
             {(n * f // 4, i * f // 4, a) for f in (1, 2, 4)}
             | {(n, i * f // 4, a * f // 4) for f in (1, 2, 4)}
         )
+    reference_before = reference_seconds()
     runs = []
     for nodes, inst, apps in sizes:
         row = measure(nodes, inst, apps, args)
@@ -211,15 +212,22 @@ def run(args: argparse.Namespace) -> int:
             f"(CPU {row['compute_cpu_seconds_median']:.3f} s), "
             f"allocation {row['allocation_seconds_median']:.3f} s, DP {row['dp_seconds_median']:.3f} s"
         )
+    print(f"reference workload {reference_before:.3f} s before the runs")
     largest = max(runs, key=lambda r: (r["nodes"], r["apps"]))
+    reference_after = reference_seconds()
+    reference = (reference_before + reference_after) / 2
     figures = {
+        "reference_seconds": reference,
+        "reference_seconds_before_after": [reference_before, reference_after],
+        "largest_compute_over_reference": largest["compute_seconds_median"] / reference,
         "runs": runs,
         "target_epoch_seconds": 1.0,
         "arima_order": list(ARIMA_ORDER),
         "what_is_timed": "Controller.run_epoch after warm-up: evaluate, forecast (linear trend, "
         "DAG, cached ARIMA), latency-targeted demand, qos-dp division, anti-saturation, "
         "hysteresis, latency estimates, decision record and its SQLite write; no network; "
-        "placement and the history spool (both on their own threads) are off",
+        "placement and the history spool (both on their own threads) are off. compute = "
+        "evaluate + the pure epoch (controller/epoch.py, latency estimates included)",
         "largest_epoch_seconds_median": largest["epoch_seconds_median"],
         "largest_compute_seconds_median": largest["compute_seconds_median"],
         "compute_meets_target": largest["compute_seconds_median"] < 1.0,

@@ -7,11 +7,13 @@ observed cluster and returns new values.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from controller.edges.cluster import ObservedCluster
+from controller.model import InstanceHistory
 from dsched.ids import InstanceKey, OperatorKey
 
 
@@ -56,7 +58,13 @@ class OperatorView:
         return float((self.queue[-1] - self.queue[0]) / max(self.seconds[1:].sum(), 1e-9))
 
 
-def evaluate(cluster: ObservedCluster, phi: int) -> dict[OperatorKey, OperatorView]:
+class Observed(Protocol):
+    """What evaluate reads of the observed cluster (controller/edges/cluster.py)."""
+
+    histories: Mapping[InstanceKey, InstanceHistory]
+
+
+def evaluate(cluster: Observed, phi: int) -> dict[OperatorKey, OperatorView]:
     by_op: dict[OperatorKey, list] = {}
     for h in cluster.histories.values():
         if h.slots:

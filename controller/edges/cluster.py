@@ -47,7 +47,7 @@ class _Baseline:
     """The previous cumulative reading of one instance."""
 
     timestamp: float
-    received: int
+    arrivals: int  # the wire's received_total: tuples that arrived
     executed: int
     emitted: int
     cpu_seconds: float
@@ -223,7 +223,7 @@ class ObservedCluster:
             self._reject(result, node, "bad_timestamp", f"{key}: time did not advance")
             return None
         deltas = {
-            "received": current.received - prev.received,
+            "arrivals": current.arrivals - prev.arrivals,
             "executed": current.executed - prev.executed,
             "emitted": current.emitted - prev.emitted,
             "cpu_seconds": current.cpu_seconds - prev.cpu_seconds,
@@ -250,7 +250,7 @@ class ObservedCluster:
             slot=report.slot,
             timestamp=report.timestamp,
             seconds=seconds,
-            arrivals=deltas["received"],
+            arrivals=deltas["arrivals"],
             executed=deltas["executed"],
             emitted=deltas["emitted"],
             cpu_seconds=deltas["cpu_seconds"],

@@ -326,19 +326,22 @@ class Controller:
         """Step 7, off the fast loop (controller/placement/loop.py)."""
         if self.placement is None:
             return {"planned": False}
-        demands = {
-            k: PlacementDemand(d.node, d.cores, result.peaks.get(k))
-            for k, d in result.demands.items()
-        }
-        return self.placement.offer(
-            PlacementOffer(
-                epoch=self.epoch,
+
+        def snapshot() -> PlacementOffer:
+            return PlacementOffer(
+                epoch=result.epoch,
                 mode=self.mode,
-                demands=demands,
+                demands={
+                    k: PlacementDemand(d.node, d.cores, result.peaks.get(k))
+                    for k, d in result.demands.items()
+                },
                 capacity=dict(result.capacity),
                 current=current_from_histories(self.cluster.histories),
                 dags=dags_from_topologies(self.cluster.topologies),
             )
+
+        return self.placement.offer(
+            result.epoch, lambda: {k.id: d.node for k, d in result.demands.items()}, snapshot
         )
 
     def wait_placement(self, timeout: float = 30.0) -> bool:

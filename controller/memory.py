@@ -65,7 +65,11 @@ class DemandPeaks:
 
     def observe(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
         """Put this epoch's demands in the window; instance -> its peak."""
-        out: dict[InstanceKey, float] = {}
+        self.advance(demands)
+        return {k: max(self._demands[k]) for k, d in demands.items() if _good(d)}
+
+    def advance(self, demands: Mapping[InstanceKey, float]) -> None:
+        """Put this epoch's demands in the window (the epoch already read the peaks)."""
         for key, demand in demands.items():
             if not _good(demand):
                 continue
@@ -73,10 +77,8 @@ class DemandPeaks:
             if seen is None:
                 seen = self._demands[key] = deque(maxlen=self.window)
             seen.append(float(demand))
-            out[key] = max(seen)
         for key in set(self._demands) - set(demands):
             del self._demands[key]
-        return out
 
 
 def _good(value: object) -> bool:
@@ -171,7 +173,7 @@ class ControllerMemory:
                 self.sources.observe(key, timestamp, value)
             self.sources.forget_except(set(result.views))
         if self.peaks is not None:
-            self.peaks.observe({k: d.cores for k, d in result.demands.items()})
+            self.peaks.advance({k: d.cores for k, d in result.demands.items()})
         for key in result.caps:
             self.held_since.pop(key, None)
         held: dict[InstanceKey, tuple[str, float]] = {}

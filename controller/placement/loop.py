@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -67,14 +67,24 @@ class PlacementLoop:
         with self._lock:
             return dict(self._settling)
 
-    def offer(self, offer: PlacementOffer) -> dict[str, Any]:
-        """Start a plan from ``offer`` when idle and settled; the record's summary."""
+    def offer(
+        self,
+        epoch: int,
+        nodes: Callable[[], Mapping[str, str]],
+        snapshot: Callable[[], PlacementOffer],
+    ) -> dict[str, Any]:
+        """Start a plan when idle and settled; the record's summary.
+
+        ``nodes`` (instance id -> node this epoch) is asked only while moves
+        settle, and ``snapshot`` only when a plan starts: most epochs find the
+        thread busy or nothing settling, and building either at cluster size
+        would cost the fast loop for nothing."""
         with self._lock:
             done, self._done = self._done, None
         busy = self._job is not None and not self._job.done()
-        settling = [] if busy else self._still_settling(offer)
+        settling = [] if busy else self._still_settling(epoch, nodes)
         if not busy and not settling:
-            self._job = self._pool.submit(self._plan_and_move, offer)
+            self._job = self._pool.submit(self._plan_and_move, snapshot())
         out: dict[str, Any] = {"planned": False, "in_progress": busy}
         if settling:
             out["awaiting_moved"] = settling
@@ -82,11 +92,11 @@ class PlacementLoop:
             out.update(done)
         return out
 
-    def _still_settling(self, offer: PlacementOffer) -> list[str]:
+    def _still_settling(self, epoch: int, nodes: Callable[[], Mapping[str, str]]) -> list[str]:
         with self._lock:
             if not self._settling:
                 return []
-            if offer.epoch - self._settling_since > self.settle_epochs:
+            if epoch - self._settling_since > self.settle_epochs:
                 log.warning(
                     "moved instances not reported on their new node after %d epochs: %s",
                     self.settle_epochs,
@@ -94,7 +104,7 @@ class PlacementLoop:
                 )
                 self._settling = {}
                 return []
-            where = {k.id: d.node for k, d in offer.demands.items()}
+            where = nodes()
             pending = sorted(i for i, node in self._settling.items() if where.get(i) != node)
             if not pending:
                 self._settling = {}

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--caps", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0")
     parser.add_argument("--cgroup-mode", default="auto", choices=("auto", "v1", "v2"))
     parser.add_argument("--json", default=str(RESULTS / "cap_accuracy.json"))
-    parser.add_argument("--png", default=str(RESULTS / "cap_accuracy.png"))
+    parser.add_argument("--png", default=None, help="default: next to the JSON")
 
 
 def _busy_thread():
@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         "within_0_03_cores": all(e <= 0.03 for e in errors),
     }
     write_result(args.json, "cap-accuracy", figures)
+    args.png = args.png or str(Path(args.json).with_suffix(".png"))
     if args.png:
         import matplotlib
 

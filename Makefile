@@ -7,8 +7,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Apache Flink for testbed/flink: the PyPI wheels' pyflink/ is a complete
+# distribution (bin/, lib/). --no-deps: apache-flink's Python dependencies pin an
+# old grpcio, and the testbed drives Flink through its scripts and REST only.
+FLINK_VERSION := 2.3.0
+FLINK_DIR     := .flink
+FLINK_STAMP   := $(FLINK_DIR)/.installed
 
-.PHONY: demo test install proto lint wheel clean
+.PHONY: demo test install proto lint wheel clean flink
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,10 +24,26 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# Order-only on the venv: reinstalling the venv does not download Flink again.
+# --upgrade replaces a partial pyflink/ left by an interrupted install.
+$(FLINK_STAMP): | $(STAMP)
+	@for tool in java javac jar jcmd; do \
+	  command -v $$tool >/dev/null 2>&1 && continue; \
+	  echo "$$tool not found: installing openjdk-17-jdk-headless"; \
+	  apt-get install -y openjdk-17-jdk-headless \
+	    || { apt-get update && apt-get install -y openjdk-17-jdk-headless; } \
+	    || { echo "could not install a JDK 17: install openjdk-17-jdk-headless (java, javac, jar, jcmd) and rerun make flink" >&2; exit 1; }; \
+	  break; \
+	done
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(FLINK_DIR) apache-flink==$(FLINK_VERSION) apache-flink-libraries==$(FLINK_VERSION)
+	touch $@
+
+flink: $(FLINK_STAMP)
+
+demo: $(STAMP) $(FLINK_STAMP)
 	$(VENV)/bin/dsched demo --duration $${DURATION:-120}
 
-test: $(STAMP)
+test: $(STAMP) $(FLINK_STAMP)
 	$(PY) -m pytest $${PYTEST_ARGS:-}
 
 proto: $(STAMP)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.cgroups import BACKENDS
+from agent.engines import NODE_ENGINES
 from agent.lease import FALLBACK_POLICIES
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
 from dsched.names import InvalidName, check_name
@@ -71,6 +72,70 @@ class DiscoveryRule:
 
 
 @dataclass
+class EngineConfig:
+    """An engine whose instances the agent finds by itself (`[[engine]]`); docs/agent.md, "Engines"."""
+
+    # Name in metrics and logs; empty: the kind (a second table of one kind: `flink-2`).
+    # Names must be unique.
+    name: str = ""
+    # The engine: `flink` (another name is refused, listing the known ones).
+    kind: str = ""
+    # The engine's REST API as http://HOST:PORT (flink: the JobManager; required).
+    rest_url: str = ""
+    # Regex searched in a process's space-joined command line: this node's
+    # TaskManager JVMs. It must select only TaskManagers of the cluster at
+    # rest_url, or another cluster's threads could be taken for this one's.
+    taskmanager_cmdline: str = r"org\.apache\.flink\.runtime\.taskexecutor\.TaskManagerRunner"
+    # Regex a job's name must match in full for its subtasks to be managed (default: every job).
+    jobs: str = ".*"
+    # Operators (Flink vertex names or their dsched names) that keep state whatever
+    # their kind says.
+    stateful_operators: list[str] = field(default_factory=list)
+    # Operators (Flink vertex names or their dsched names) that keep no state whatever
+    # their kind says.
+    stateless_operators: list[str] = field(default_factory=list)
+    # How often this node's threads are mapped, seconds; 0 means once a slot (slot_seconds).
+    scan_seconds: float = 0.0
+    # The job directory is read again from the REST API when a thread does not
+    # resolve with it or when it is older than this (never every scan).
+    directory_refresh_seconds: float = 30.0
+    # Timeout of one REST call, seconds.
+    rest_timeout_seconds: float = 2.0
+    # Timeout of one `jcmd <pid> Thread.print`, seconds.
+    jcmd_timeout_seconds: float = 10.0
+
+    def validate(self) -> None:
+        engine = NODE_ENGINES.factory(self.kind, "kind")
+        if self.name:
+            try:
+                check_name("name", self.name)
+            except InvalidName as exc:
+                raise ConfigError("name", str(exc)) from None
+        for key in ("taskmanager_cmdline", "jobs"):
+            try:
+                re.compile(getattr(self, key))
+            except re.error as exc:
+                raise ConfigError(key, f"invalid regex: {exc}") from None
+        require(bool(self.taskmanager_cmdline), "taskmanager_cmdline", "must not be empty")
+        both = sorted(set(self.stateful_operators) & set(self.stateless_operators))
+        require(not both, "stateless_operators", f"also listed as stateful: {', '.join(both)}")
+        require(self.scan_seconds >= 0, "scan_seconds", "must be >= 0 (0 = slot_seconds)")
+        require(self.directory_refresh_seconds > 0, "directory_refresh_seconds", "must be > 0")
+        require(self.rest_timeout_seconds > 0, "rest_timeout_seconds", "must be > 0")
+        require(self.jcmd_timeout_seconds > 0, "jcmd_timeout_seconds", "must be > 0")
+        check = getattr(engine, "check_config", None)
+        if check is not None:
+            check(self)
+
+    def stateful_overrides(self) -> dict[str, bool]:
+        """Operator name -> stateful, from the two override lists."""
+        return {
+            **dict.fromkeys(self.stateless_operators, False),
+            **dict.fromkeys(self.stateful_operators, True),
+        }
+
+
+@dataclass
 class AgentConfig:
     """All agent settings; the defaults suit a single node talking to a local controller."""
 
@@ -120,6 +185,9 @@ class AgentConfig:
     discovery: list[DiscoveryRule] = field(default_factory=list)
     # How often discovery rules rescan processes.
     discovery_seconds: float = 10.0
+    # Engines whose instances the agent finds itself, threads by name
+    # (`[[engine]]`; docs/agent.md, "Engines").
+    engine: list[EngineConfig] = field(default_factory=list)
 
     def validate(self) -> None:
         host, _ = parse_hostport("controller", self.controller)
@@ -152,6 +220,13 @@ class AgentConfig:
         )
         require(self.discovery_seconds > 0, "discovery_seconds", "must be > 0")
         require(self.capacity_cores >= 0, "capacity_cores", "must be >= 0 (0 = all CPUs)")
+        names = [e.name for e in self.engine if e.name]
+        for i, e in enumerate(self.engine):
+            require(
+                not e.name or names.count(e.name) == 1,
+                f"engine[{i}].name",
+                f"{e.name!r} names two [[engine]] tables",
+            )
         self.tls.validate("client")
         require(
             self.tls.enabled or is_loopback(host) or self.allow_plaintext_remote,

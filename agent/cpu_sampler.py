@@ -74,10 +74,16 @@ class SampledInstance:
 
 @dataclass(frozen=True)
 class LostThreads:
-    """Threads of an instance that exited during a pass; ``live`` empty: the instance is gone."""
+    """Threads of an instance that exited during a pass; ``live`` empty: the instance is gone.
+
+    ``exited`` names the threads themselves: by the time the caller acts, another
+    unit (an engine's discovery) may have changed the instance's threads, and only
+    these must leave it.
+    """
 
     key: InstanceKey
     live: frozenset[int]
+    exited: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,7 @@ class CpuSampler:
             for tid in exited:
                 self.thread_cpu.forget(inst.pid, tid)
             live = frozenset(tid for tid, _fd in inst.threads).difference(exited)
-            lost.append(LostThreads(inst.key, live))
+            lost.append(LostThreads(inst.key, live, frozenset(exited)))
         return SamplePass(rebuilt, lost)
 
     def _rebuild_plan(self) -> list[InstanceRecord]:

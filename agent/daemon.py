@@ -19,6 +19,8 @@ import time
 
 from agent.config import DEFAULT_CONFIG_PATH, AgentConfig
 from agent.discovery import RuleDiscovery
+from agent.engines import make_engines
+from agent.engines.discovery import EngineDiscovery
 from agent.link import ControllerLink
 from agent.node import NodeAgent
 from agent.socket_server import RegistrationServer
@@ -69,6 +71,9 @@ def run(config: AgentConfig, stop: threading.Event) -> int:
     link = ControllerLink(agent, config.controller, config.tls, config.report_buffer)
     link.start()
     discovery = RuleDiscovery(agent, config.discovery, config.proc_root)
+    # Engines scan on their own thread: a slow jcmd must never delay sampling or reports.
+    engines = EngineDiscovery(agent, make_engines(config.engine, config.proc_root))
+    engines.start()
     log.info(
         "agent %s up: socket %s, metrics port %d, controller %s, mode %s",
         config.node_id,
@@ -97,6 +102,7 @@ def run(config: AgentConfig, stop: threading.Event) -> int:
                     next_slot += config.slot_seconds
     finally:
         log.info("stopping; caps stay in place")
+        engines.stop()
         link.stop()
         server.stop()
         agent.metrics.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +18,14 @@ from pathlib import Path
 import psutil
 
 from agent.config import DiscoveryRule
+from agent.jvm import JcmdError, is_jvm, jcmd_threads, parse_jcmd_threads
 from agent.node import NodeAgent
 from agent.registry import RegistrationError
 
 log = logging.getLogger(__name__)
 
-# '"name" #12 daemon prio=5 ... nid=0x18d9 ...' (hex before Java 19, decimal after).
-_JCMD_THREAD = re.compile(r'^"(?P<name>(?:[^"\\]|\\.)*)".*?\bnid=(?P<nid>0x[0-9a-fA-F]+|\d+)\b')
+# parse_jcmd_threads lives in agent.jvm (engines use it too); importable from here as before.
+__all__ = ["RuleDiscovery", "jvm_threads", "match_threads", "parse_jcmd_threads", "proc_threads"]
 
 
 @dataclass(frozen=True)
@@ -46,29 +46,19 @@ class Match:
     tid: int
 
 
-def parse_jcmd_threads(text: str) -> dict[int, str]:
-    """TID -> full thread name from ``jcmd <pid> Thread.print`` output."""
-    out = {}
-    for line in text.splitlines():
-        m = _JCMD_THREAD.match(line)
-        if m:
-            nid = m.group("nid")
-            out[int(nid, 16) if nid.startswith("0x") else int(nid)] = m.group("name")
-    return out
+def jvm_threads(pid: int, timeout: float = 10.0, proc_root: str | Path = "/proc") -> dict[int, str]:
+    """TID -> full name of a JVM's threads; empty (with a log line) when jcmd cannot tell.
 
-
-def jvm_threads(pid: int, timeout: float = 10.0) -> dict[int, str]:
+    A process that is not a JVM is never attached to: jcmd's SIGQUIT would kill it.
+    """
+    if not is_jvm(proc_root, pid):
+        log.warning("process %d matched a jvm rule but is not a JVM; not attaching", pid)
+        return {}
     try:
-        done = subprocess.run(
-            ["jcmd", str(pid), "Thread.print"], capture_output=True, text=True, timeout=timeout
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("jcmd %d failed: %s", pid, exc)
+        return jcmd_threads(pid, timeout)
+    except JcmdError as exc:
+        log.warning("%s", exc)
         return {}
-    if done.returncode != 0:
-        log.warning("jcmd %d exited %d: %s", pid, done.returncode, done.stdout.strip()[-200:])
-        return {}
-    return parse_jcmd_threads(done.stdout)
 
 
 def proc_threads(proc_root: str | Path, pid: int) -> dict[int, str]:
@@ -138,7 +128,11 @@ class RuleDiscovery:
         processes = list(psutil.process_iter())
         for rule in self.rules:
             for pid in matching_processes(rule, processes):
-                threads = jvm_threads(pid) if rule.jvm else proc_threads(self.proc_root, pid)
+                threads = (
+                    jvm_threads(pid, proc_root=self.proc_root)
+                    if rule.jvm
+                    else proc_threads(self.proc_root, pid)
+                )
                 for m in match_threads(rule, pid, threads):
                     try:
                         self.agent.register(

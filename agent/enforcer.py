@@ -125,24 +125,31 @@ class CapEnforcer:
                     log.error("releasing cap of %s failed: %s", key, exc)
         return released
 
-    def forget(self, key: InstanceKey, release: bool) -> None:
+    def forget(self, key: InstanceKey, release: bool) -> float | None:
         """Drop an instance that left; its cgroup goes now or once its threads have left it.
 
         ``release`` writes the quota back to unlimited first, for threads that live on.
+        Returns the cap that was in force (engines re-apply it when the instance
+        comes back in a new process).
         """
         with self.lock:
             path = self.cgroups.pop(key, None)
-            self.caps.pop(key, None)
+            cap = self.caps.pop(key, None)
             self._attached.pop(key, None)
             labels = self._cap_labels.pop(key, None)
         if labels is not None:
             self.metrics.forget_instance(labels)
         if path is None:
-            return
+            return cap
         if release:
-            self._write_cap(path, None)
+            try:
+                self._write_cap(path, None)
+            except CgroupError as exc:
+                # The cgroup may be gone already; removing it below is what matters.
+                log.debug("releasing %s before removal: %s", path, exc)
         if not self._remove(path):
             self._orphans.add(path)
+        return cap
 
     def remove_orphans(self) -> None:
         """Retry removing the cgroups of forgotten instances whose threads lingered."""

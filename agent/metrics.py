@@ -126,6 +126,50 @@ class AgentMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
             registry=r,
         )
+        # Engines (agent/engines): labelled by the engine's name (its kind, made unique).
+        self.engine_instances = Gauge(
+            "dsched_agent_engine_instances",
+            "Instances the engine's last available scan found on this node",
+            ("engine",),
+            registry=r,
+        )
+        self.engine_instances_found = Counter(
+            "dsched_agent_engine_instances_found",
+            "Instances an engine's scan registered (new, or back in a new process)",
+            ("engine",),
+            registry=r,
+        )
+        self.engine_unowned_threads = Counter(
+            "dsched_agent_engine_unowned_threads",
+            "Threads named like a subtask that no running managed job owns, summed over scans",
+            ("engine",),
+            registry=r,
+        )
+        self.engine_ambiguous_threads = Counter(
+            "dsched_agent_engine_ambiguous_threads",
+            "Threads whose names fit more than one job (left alone), summed over scans",
+            ("engine",),
+            registry=r,
+        )
+        self.engine_unavailable = Gauge(
+            "dsched_agent_engine_unavailable",
+            "1 while the engine's last scan could not map threads (instances kept as they were)",
+            ("engine",),
+            registry=r,
+        )
+        self.engine_directory_refreshes = Counter(
+            "dsched_agent_engine_directory_refreshes",
+            "Times the engine read its job directory from the cluster (e.g. Flink's REST API)",
+            ("engine",),
+            registry=r,
+        )
+        self.engine_scan_duration = Histogram(
+            "dsched_agent_engine_scan_duration_seconds",
+            "Time one engine scan takes (jcmd, the directory when read, applying the mapping)",
+            ("engine",),
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
+        )
         self._server = None
 
     def forget_instance(self, labels: tuple[str, str, str, str]) -> None:

@@ -5,7 +5,8 @@ registration server, the controller link and the daemon loop call into it, and
 it hands each call to the unit whose job it is:
 
 - ``register / update / unregister`` from instances: checked, counted, kept in
-  the :class:`~agent.registry.Registry`;
+  the :class:`~agent.registry.Registry`; engines (``agent.engines``) register
+  whole thread sets through the registry and :meth:`NodeAgent.forget`;
 - ``sample()`` every ``sample_seconds``: the :class:`~agent.cpu_sampler.CpuSampler`
   reads, then threads that exited leave the registry and the cgroups;
 - ``report()`` every ``slot_seconds`` and ``hello()``: the
@@ -18,7 +19,9 @@ it hands each call to the unit whose job it is:
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +76,13 @@ class NodeAgent:
         self.lease = Lease(config.lease_epochs, config.slot_seconds, self.metrics)
         self.epochs = directives.DirectiveEpochs()
         self.metrics.instance_cpu_usage.source = self.sampler.usage_by_instance
+        # Held while the sampler's findings are applied and while an engine's
+        # mapping is applied (they run on different threads): each sees the
+        # other's changes whole. Order: this lock, then the enforcer's.
+        self.instances_lock = threading.RLock()
+        # Called with (record, cap in force) when an instance is forgotten because
+        # all its threads exited; engines keep the cap for the instance's return.
+        self.threads_gone_listeners: list[Callable[[InstanceRecord, float | None], None]] = []
         self.adopt()
 
     # What bench/, testbed/ and the tests read of the agent.
@@ -171,10 +181,23 @@ class NodeAgent:
         self.metrics.rejected_messages.labels(exc.reason).inc()
         log.warning("refused instance message (%s): %s", exc.reason, exc)
 
-    def _forget(self, key: InstanceKey, release: bool) -> None:
-        self.registry.unregister(key)
-        self.enforcer.forget(key, release)
+    def forget(self, key: InstanceKey, release: bool) -> tuple[InstanceRecord | None, float | None]:
+        """Drop ``key`` from the registry, the enforcer (its cgroup goes) and the sampler.
+
+        ``release`` lifts the cap first, for threads that live on. Returns the
+        record and the cap that was in force.
+        """
+        rec = self.registry.unregister(key)
+        cap = self.enforcer.forget(key, release)
         self.sampler.forget(key)
+        self._refresh_gauges()
+        return rec, cap
+
+    def _forget(self, key: InstanceKey, release: bool) -> None:
+        self.forget(key, release)
+
+    def refresh_gauges(self) -> None:
+        """Instances and threads managed, after a change made outside ``register``."""
         self._refresh_gauges()
 
     def _refresh_gauges(self) -> None:
@@ -207,15 +230,25 @@ class NodeAgent:
         exited ones out of the registry, empty cgroups removed."""
         started = time.monotonic()
         found = self.sampler.sample(started)
-        for rec in found.rebuilt:
-            self.enforcer.attach_new_threads(rec)
-        for lost in found.lost:
-            if lost.live:
-                self.registry.set_tids(lost.key, set(lost.live))
-            else:
+        with self.instances_lock:
+            for rec in found.rebuilt:
+                self.enforcer.attach_new_threads(rec)
+            for lost in found.lost:
+                # Only the threads that exited leave: an engine's discovery may have
+                # changed the instance (new threads, a new process) since the pass.
+                current = self.registry.get(lost.key)
+                if current is None:
+                    continue
+                live = current.tids - lost.exited if lost.exited else set(lost.live)
+                if live:
+                    self.registry.set_tids(lost.key, live)
+                    continue
                 log.info("threads of %s are gone; forgetting it", lost.key)
-                self._forget(lost.key, release=False)
-        self.enforcer.remove_orphans()
+                rec, cap = self.forget(lost.key, release=False)
+                if rec is not None:
+                    for listener in self.threads_gone_listeners:
+                        listener(rec, cap)
+            self.enforcer.remove_orphans()
         self._refresh_gauges()
         self.metrics.sample_duration.observe(time.monotonic() - started)
 

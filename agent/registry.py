@@ -1,7 +1,8 @@
 """Which OS threads belong to which operator instance, and their reported counters.
 
-Entries come from registrations over the local socket, from discovery rules and
-from cgroups re-adopted after a restart. Everything an instance sends is
+Entries come from registrations over the local socket, from discovery rules,
+from engines (``agent.engines``: whole thread sets per instance, found by the
+agent itself) and from cgroups re-adopted after a restart. Everything an instance sends is
 checked here before the agent believes it: names must be safe path components
 (they become cgroup directories), counters must be finite, non-negative and
 never go backwards. A refused update keeps the last good counters, so nothing
@@ -63,10 +64,13 @@ class InstanceRecord:
     stateful: bool
     pid: int
     tids: set[int]
-    source: str  # "registration", "rule" or "adopted"
+    source: str  # "registration", "rule", "engine" or "adopted"
     counters: Counters = field(default_factory=Counters)
     upstream: tuple[str, ...] = ()  # the operators feeding this one (the app's DAG)
     registered_at: float = field(default_factory=time.time)
+    # The engine kind ("flink") for instances an engine found: the report says so, and
+    # the controller takes their counters from that engine's adapter, not from here.
+    engine: str = ""
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -267,6 +271,63 @@ class Registry:
             self._threads += 1
             self._generation += 1
             return _copy(rec)
+
+    def register_threads(
+        self,
+        key: InstanceKey,
+        worker: str,
+        stateful: bool,
+        pid: int,
+        tids: set[int] | frozenset[int],
+        source: str,
+        upstream: tuple[str, ...] = (),
+        engine: str = "",
+    ) -> tuple[InstanceRecord, bool]:
+        """Register ``key`` with exactly ``tids``, or make a known record's threads ``tids``.
+
+        For the agent's own finders (engines), which see an instance's whole thread
+        set at once: one lock and one generation step instead of one per thread.
+        A record of another process or worker is replaced (the caller has removed
+        its cgroup first). Returns (a copy of the record, whether its threads or
+        process changed).
+        """
+        try:
+            check_name("worker", worker)
+            upstream = tuple(check_name("upstream", u) for u in upstream)
+        except InvalidName as exc:
+            raise RegistrationError("bad_name", str(exc)) from None
+        pid = _positive_int("pid", pid)
+        for tid in tids:
+            _positive_int("tid", tid)
+        if not tids:
+            raise RegistrationError("bad_field", f"{key} has no thread")
+        with self._lock:
+            rec = self._records.get(key)
+            if rec is not None and rec.pid == pid and rec.worker == worker:
+                changed = rec.tids != tids
+                if changed:
+                    self._threads += len(tids) - len(rec.tids)
+                    rec.tids = set(tids)
+                    self._generation += 1
+                rec.stateful, rec.upstream = bool(stateful), upstream
+                rec.source, rec.engine = source, engine
+                return _copy(rec), changed
+            if rec is not None:
+                self._threads -= len(rec.tids)
+            rec = InstanceRecord(
+                key,
+                worker,
+                bool(stateful),
+                pid,
+                set(tids),
+                source,
+                upstream=upstream,
+                engine=engine,
+            )
+            self._records[key] = rec
+            self._threads += len(tids)
+            self._generation += 1
+            return _copy(rec), True
 
     def update(self, key: InstanceKey, values: dict[str, Any]) -> Counters:
         with self._lock:

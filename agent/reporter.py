@@ -93,6 +93,7 @@ class Reporter:
                 latency_count_total=c.latency_count,
                 service_seconds_total=c.service_seconds,
                 upstream=list(rec.upstream),
+                engine=rec.engine,
             )
             cap, throttling = self.enforcer.enforced(rec.key)
             # A dry run enforces nothing, so it claims no cap.

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.qos import QosConfig
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
+from dsched.names import InvalidName, check_name
 from dsched.tls import TlsConfig
 from spark_stream.config import HistoryConfig
 
@@ -123,6 +125,82 @@ class PlacementOptions:
 
 
 @dataclass
+class EngineConfig:
+    """``[[engine]]``: an engine that is not instrumented, whose counters the controller
+    reads from the engine's own API (once per job per poll, not once per node)."""
+
+    # Name in status, metrics and logs; empty: the kind. Names must be unique.
+    name: str = ""
+    # Engine kind: `flink` (counters from the JobManager's REST API); required.
+    kind: str = ""
+    # The engine's REST endpoint, http(s)://host:port (a Flink JobManager's rest.port).
+    rest_url: str = ""
+    # Seconds between reads, 0: slot_seconds (keep Flink's metrics.fetcher.update-interval <= it).
+    poll_seconds: float = 0.0
+    # Timeout of one REST call, seconds.
+    rest_timeout_seconds: float = 2.0
+    # User counter of end-to-end latency summed, ms (matched as `<name>` or `<scope>.<name>`).
+    latency_sum_metric: str = "dschedLatencySumMs"
+    # User counter of the number of latencies summed (matched the same way).
+    latency_count_metric: str = "dschedLatencyCount"
+    # Operators (engine or dsched names) that keep state, whatever their kind says.
+    stateful_operators: list[str] = field(default_factory=list)
+    # Operators (engine or dsched names) that keep no state, whatever their kind says.
+    stateless_operators: list[str] = field(default_factory=list)
+
+    @property
+    def engine_name(self) -> str:
+        return self.name or self.kind
+
+    def validate(self) -> None:
+        from controller.edges.engines import COUNTER_SOURCES
+
+        require(bool(self.kind), "kind", f"required (known: {', '.join(COUNTER_SOURCES)})")
+        COUNTER_SOURCES.check(self.kind, "kind")
+        if self.name:
+            try:
+                check_name("name", self.name)  # a metric label and a thread name
+            except InvalidName as exc:
+                raise ConfigError("name", str(exc)) from None
+        check_rest_url("rest_url", self.rest_url)
+        require(
+            math.isfinite(self.poll_seconds) and self.poll_seconds >= 0,
+            "poll_seconds",
+            "must be a number >= 0 (0: the slot)",
+        )
+        require(
+            math.isfinite(self.rest_timeout_seconds) and self.rest_timeout_seconds > 0,
+            "rest_timeout_seconds",
+            "must be a number > 0",
+        )
+        for key in ("latency_sum_metric", "latency_count_metric"):
+            require(bool(getattr(self, key).strip()), key, "must not be empty")
+        both = sorted(set(self.stateful_operators) & set(self.stateless_operators))
+        require(not both, "stateless_operators", f"also listed as stateful: {', '.join(both)}")
+
+
+def check_rest_url(key: str, url: str) -> None:
+    """``url`` must be http(s)://host:port, nothing more (ConfigError naming ``key``)."""
+    require(bool(url), key, "required: http(s)://host:port")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(key, f"expected http(s)://host:port, got {url!r}: {exc}") from None
+    require(
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and port is not None
+        and parts.path in ("", "/")
+        and not parts.query
+        and not parts.fragment
+        and parts.username is None,
+        key,
+        f"expected http(s)://host:port, got {url!r}",
+    )
+
+
+@dataclass
 class ControllerConfig:
     # gRPC address for agents and admin (HOST:PORT).
     listen: str = "127.0.0.1:7700"
@@ -218,6 +296,8 @@ class ControllerConfig:
     # slot and runs the streaming job itself; set it false when dsched-history
     # runs as its own service on the same spool.
     history: HistoryConfig = field(default_factory=HistoryConfig)
+    # Engines whose counters come from their own API (`[[engine]]`; docs/controller.md).
+    engine: list[EngineConfig] = field(default_factory=list)
 
     def validate(self) -> None:
         for key in ("listen", "metrics"):
@@ -303,3 +383,19 @@ class ControllerConfig:
                 "allow_plaintext_remote = true",
             )
         self.tls.validate("server")
+        names: set[str] = set()
+        for i, engine in enumerate(self.engine):
+            try:
+                engine.validate()
+            except ConfigError as exc:
+                if not exc.key.startswith("engine["):
+                    raise ConfigError(
+                        f"engine[{i}].{exc.key}", str(exc).split(": ", 1)[1]
+                    ) from None
+                raise
+            require(
+                engine.engine_name not in names,
+                f"engine[{i}].name",
+                f"two engines are named {engine.engine_name!r}",
+            )
+            names.add(engine.engine_name)

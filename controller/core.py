@@ -19,6 +19,7 @@ from typing import Any
 from controller.config import ControllerConfig
 from controller.edges.actuators import CAP_ACTUATORS, AgentSessions, LogOnlyActuator
 from controller.edges.cluster import ObservedCluster
+from controller.edges.engines import EngineEdge, places_itself
 from controller.edges.history import HistoryEdge
 from controller.edges.metrics import ControllerMetrics
 from controller.edges.store import StateStore
@@ -90,14 +91,23 @@ class Controller:
         self.config = config
         self.clock = clock
         self.store = store or StateStore(config.state_dir, keep_decisions=config.decisions_kept)
+        self.metrics = ControllerMetrics(lambda: self.last_record)
+        # Counters of engines that are not instrumented, read on their own threads.
+        self.engines: EngineEdge | None = (
+            EngineEdge.from_config(
+                config.engine, config.slot_seconds, self.metrics.observe_engine_read
+            )
+            if config.engine
+            else None
+        )
         self.cluster = ObservedCluster(
             depth=config.phi,
             forget_after_seconds=config.forget_after_slots * config.slot_seconds,
             max_clock_skew_seconds=config.max_clock_skew_seconds,
+            engines=self.engines,
         )
         self.sessions = AgentSessions()
         self.cap_actuator = CAP_ACTUATORS.create(config.cap_actuator, self.sessions)
-        self.metrics = ControllerMetrics(lambda: self.last_record)
         self.allocator = build_allocator(config)
         self.history: HistoryEdge | None = None
         if config.history.enabled:
@@ -223,7 +233,21 @@ class Controller:
                 for a in sorted(self.cluster.agents.values(), key=lambda a: a.node_id)
                 if a.connected
             ]
+            engines = [
+                pb.EngineStatus(
+                    name=e.name,
+                    kind=e.kind,
+                    endpoint=e.endpoint,
+                    healthy=e.healthy,
+                    reason=e.reason,
+                    jobs=e.jobs,
+                    instances=e.instances,
+                    last_read_age_seconds=e.last_read_age_seconds,
+                )
+                for e in (self.engines.status() if self.engines is not None else [])
+            ]
             return pb.StatusReply(
+                engines=engines,
                 mode=MODE_TO_PB[self.mode],
                 epoch=self.epoch,
                 agents=agents,
@@ -244,7 +268,9 @@ class Controller:
             self.epoch += 1
             cfg = self.config
             self.cluster.forget_vanished(now)
-            views = evaluate(self.cluster, cfg.phi)
+            # Instances without engine counters this slot: out of the views, caps held.
+            unmeasured = dict(self.cluster.unmeasured)
+            views = evaluate(self.cluster, cfg.phi, exclude=unmeasured)
             if self.history is not None:
                 seed = self.history.seed(views)
                 self.memory.apply_seed(seed.kappa, seed.source_rates)
@@ -253,8 +279,12 @@ class Controller:
                 epoch=self.epoch,
                 now=now,
                 views=views,
-                classes={a: self.qos.class_of(a) for a in sorted({k.app for k in views})},
+                classes={
+                    a: self.qos.class_of(a)
+                    for a in sorted({k.app for k in views} | {k.app for k in unmeasured})
+                },
                 capacity=self.node_capacity(),
+                unmeasured=unmeasured,
             )
             result = run_epoch(inputs, self.memory.view(), cfg, self.allocator)
             self.metrics.allocation_duration.observe(result.timing["allocate"])
@@ -328,16 +358,28 @@ class Controller:
             return {"planned": False}
 
         def snapshot() -> PlacementOffer:
+            current = current_from_histories(self.cluster.histories)
+            demands = {
+                k: PlacementDemand(d.node, d.cores, result.peaks.get(k))
+                for k, d in result.demands.items()
+            }
+            # A held instance still occupies its node: its held cap stands for its demand.
+            for k, u in result.held.items():
+                if k in result.caps and k.id in current:
+                    demands[k] = PlacementDemand(u.node, result.caps[k][1])
             return PlacementOffer(
                 epoch=result.epoch,
                 mode=self.mode,
-                demands={
-                    k: PlacementDemand(d.node, d.cores, result.peaks.get(k))
-                    for k, d in result.demands.items()
-                },
+                demands=demands,
                 capacity=dict(result.capacity),
-                current=current_from_histories(self.cluster.histories),
+                current=current,
                 dags=dags_from_topologies(self.cluster.topologies),
+                # Engines that place their instances themselves: recommend only.
+                pinned={
+                    k.id: places_itself(h.engine)
+                    for k, h in self.cluster.histories.items()
+                    if h.engine
+                },
             )
 
         return self.placement.offer(
@@ -352,6 +394,8 @@ class Controller:
     def start(self, serve_metrics: bool = True) -> None:
         if serve_metrics:
             self.metrics.serve(self.config.metrics)
+        if self.engines is not None:
+            self.engines.start()
         if self.history is not None:
             self.history.start_job()
         self._thread = threading.Thread(target=self._loop, name="dsched-epochs", daemon=True)
@@ -372,6 +416,8 @@ class Controller:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self.engines is not None:
+            self.engines.stop()
         if self.placement is not None:
             self.placement.stop()
         self.metrics.stop()

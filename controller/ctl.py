@@ -92,6 +92,18 @@ def apps_table(rec: dict) -> Table:
     return t
 
 
+def engine_lines(engines) -> list[str]:
+    """One line per engine counter edge: where it reads, whether it is healthy and why not."""
+    lines = []
+    for e in engines:
+        health = "healthy" if e.healthy else f"UNHEALTHY ({e.reason})"
+        lines.append(
+            f"engine {e.name} ({e.kind} at {e.endpoint}): {health}, {e.jobs} job(s), "
+            f"{e.instances} instance(s), last read {_fmt(e.last_read_age_seconds, 1)} s ago"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="dschedctl", description="Control a running dsched controller."
@@ -100,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the controller")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("status", help="mode, epoch, connected agents")
+    sub.add_parser("status", help="mode, epoch, connected agents, engines")
     m = sub.add_parser("mode", help="switch between dry-run and enforce")
     m.add_argument("mode", choices=sorted(MODES))
     sub.add_parser("plan", help="the last plan with reasons")
@@ -160,6 +172,9 @@ def _run(args, stub, console: Console) -> int:
                 "yes" if a.dry_run else "no",
             )
         console.print(tab)
+        for line in engine_lines(r.engines):
+            # soft_wrap: a URL or a reason is never broken inside.
+            console.print(line, soft_wrap=True, markup=False)
     elif args.cmd == "mode":
         r = stub.SetMode(pb.SetModeRequest(mode=MODES[args.mode]), timeout=t)
         prev = pb.Mode.Name(r.previous).lower().replace("_", "-")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from controller.config import ControllerConfig
 from controller.memory import MemoryView
+from controller.model import Unmeasured
 from controller.qos import QosClass
 from controller.stages.allocation import Allocator, QosAllocation, violation_ratio
 from controller.stages.demand import (
@@ -35,7 +36,12 @@ from controller.stages.demand import (
 )
 from controller.stages.evaluate import OperatorView
 from controller.stages.forecast import OperatorForecast, forecast
-from controller.stages.hysteresis import HysteresisStep, apply_hysteresis, fit_quantized_caps
+from controller.stages.hysteresis import (
+    HysteresisStep,
+    apply_hysteresis,
+    fit_quantized_caps,
+    hold_caps,
+)
 from dsched.ids import InstanceKey, OperatorKey
 
 
@@ -48,6 +54,9 @@ class EpochInputs:
     views: Mapping[OperatorKey, OperatorView]
     classes: Mapping[str, QosClass]  # every app in ``views`` has one
     capacity: Mapping[str, float]  # node -> cores dsched may hand out
+    # Instances that reported without usable counters (engine counters missing):
+    # not in ``views``; their caps are held.
+    unmeasured: Mapping[InstanceKey, Unmeasured] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,6 +78,9 @@ class EpochResult:
     estimates: dict[str, float]  # app -> Allen–Cunneen latency under the caps, seconds
     predicted_violation: dict[str, float]  # app -> predicted violation ratio
     peaks: dict[InstanceKey, float]  # highest demand over the peak window (placement)
+    # Unmeasured instances this epoch (their caps, when they have one, are in
+    # ``caps`` and ``steps`` with reason "held").
+    held: dict[InstanceKey, Unmeasured] = field(default_factory=dict)
     kappa_measured: dict[OperatorKey, float] = field(default_factory=dict)
     source_points: dict[OperatorKey, tuple[float, float]] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)  # stage -> seconds
@@ -120,8 +132,19 @@ def run_epoch(
         if cfg.dp_value == "latency"
         else None
     )
+    # Held caps stay whole: the measured instances share what they leave of each node.
+    held = {k: u for k, u in inputs.unmeasured.items() if k not in demands}
+    held_steps = hold_caps({k: u.cap_cores for k, u in held.items()}, memory.hysteresis)
+    held_on: dict[str, float] = {}
+    for k, s in held_steps.items():
+        held_on[held[k].node] = held_on.get(held[k].node, 0.0) + s.cap
     t_alloc = time.perf_counter()
-    alloc = allocator.allocate(demands, dict(capacity), classes, models)
+    alloc = allocator.allocate(
+        demands,
+        {n: max(0.0, c - held_on.get(n, 0.0)) for n, c in capacity.items()},
+        classes,
+        models,
+    )
     t_hyst = time.perf_counter()
     max_cap = {k: capacity.get(d.node, float("inf")) for k, d in demands.items()}
     steps = apply_hysteresis(alloc.cores, memory.hysteresis, cfg.theta_cores, max_cap)
@@ -131,15 +154,18 @@ def run_epoch(
         alloc.cores,
         {k: d.node for k, d in demands.items()},
         {k: classes[k.app].weight for k in steps},
-        room,
+        {n: max(0.0, r - held_on.get(n, 0.0)) for n, r in room.items()},
         cfg.min_cap_cores,
     )
+    measured_caps = {k: s.cap for k, s in steps.items()}
     caps = {k: (demands[k].node, s.cap) for k, s in steps.items()}
+    caps.update({k: (held[k].node, s.cap) for k, s in held_steps.items()})
+    steps.update(held_steps)
     t_estimate = time.perf_counter()
     estimates = estimate_latency_seconds(
         views,
         forecasts,
-        {k: c for k, (_, c) in caps.items()},
+        measured_caps,
         cfg.arrival_scv,
         cfg.service_scv,
         cfg.max_instance_cores,
@@ -170,6 +196,7 @@ def run_epoch(
         estimates=estimates,
         predicted_violation=predicted_violation,
         peaks=peaks,
+        held=held,
         kappa_measured=fc.kappa_measured,
         source_points=fc.source_points,
         timing={

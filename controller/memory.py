@@ -8,14 +8,17 @@ table's seed after a restart comes in through :meth:`ControllerMemory.apply_seed
 Held caps: an instance that stops reporting keeps its last cap (it may be
 between two reports, or the controller has just restarted) for
 ``forget_after_slots`` epochs; after that it is dropped, and its cgroup goes
-with its threads on the agent.
+with its threads on the agent. An instance that reports without counters (its
+engine's counters are missing) is held by the epoch itself, for as long as it
+keeps reporting: its cap is in the result with reason "held", so ``update``
+keeps it like any other.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -68,8 +71,13 @@ class DemandPeaks:
         self.advance(demands)
         return {k: max(self._demands[k]) for k, d in demands.items() if _good(d)}
 
-    def advance(self, demands: Mapping[InstanceKey, float]) -> None:
-        """Put this epoch's demands in the window (the epoch already read the peaks)."""
+    def advance(
+        self, demands: Mapping[InstanceKey, float], keep: Container[InstanceKey] = ()
+    ) -> None:
+        """Put this epoch's demands in the window (the epoch already read the peaks).
+
+        Instances in ``keep`` (held: alive, but unmeasured this epoch) keep their
+        window as it is."""
         for key, demand in demands.items():
             if not _good(demand):
                 continue
@@ -78,7 +86,8 @@ class DemandPeaks:
                 seen = self._demands[key] = deque(maxlen=self.window)
             seen.append(float(demand))
         for key in set(self._demands) - set(demands):
-            del self._demands[key]
+            if key not in keep:
+                del self._demands[key]
 
 
 def _good(value: object) -> bool:
@@ -171,9 +180,11 @@ class ControllerMemory:
         if self.sources is not None:
             for key, (timestamp, value) in result.source_points.items():
                 self.sources.observe(key, timestamp, value)
-            self.sources.forget_except(set(result.views))
+            # A source whose instances are all held keeps its series for when
+            # its counters return.
+            self.sources.forget_except(set(result.views) | {k.operator_key for k in result.held})
         if self.peaks is not None:
-            self.peaks.advance({k: d.cores for k, d in result.demands.items()})
+            self.peaks.advance({k: d.cores for k, d in result.demands.items()}, keep=result.held)
         for key in result.caps:
             self.held_since.pop(key, None)
         held: dict[InstanceKey, tuple[str, float]] = {}

@@ -35,6 +35,7 @@ class InstanceSlot:
     cap_cores: float | None
     throttled_seconds: float | None
     upstream: tuple[str, ...] = ()
+    engine: str = ""  # the engine whose API supplied the counters ("flink"); "" when registered
 
     @property
     def usage_cores(self) -> float:
@@ -52,20 +53,57 @@ class InstanceHistory:
     upstream: tuple[str, ...]
     slots: deque[InstanceSlot]
     last_seen: float = 0.0
+    engine: str = ""  # "" for instances that register themselves
 
     @classmethod
     def empty(cls, s: InstanceSlot, depth: int) -> InstanceHistory:
-        return cls(s.key, s.node, s.worker, s.stateful, s.upstream, deque(maxlen=depth))
+        return cls(
+            s.key, s.node, s.worker, s.stateful, s.upstream, deque(maxlen=depth), engine=s.engine
+        )
 
     def add(self, s: InstanceSlot) -> None:
-        self.node, self.worker, self.stateful, self.upstream = (
+        self.node, self.worker, self.stateful, self.upstream, self.engine = (
             s.node,
             s.worker,
             s.stateful,
             s.upstream,
+            s.engine,
         )
         self.slots.append(s)
         self.last_seen = s.timestamp
+
+    def touch(self, u: Unmeasured) -> None:
+        """The instance reported but its counters are missing: it is alive where it
+        says, with no slot to add (a zero slot would read as an idle instance)."""
+        self.node, self.worker, self.stateful, self.upstream, self.engine = (
+            u.node,
+            u.worker,
+            u.stateful,
+            u.upstream,
+            u.engine,
+        )
+        self.last_seen = u.timestamp
+
+
+@dataclass(frozen=True)
+class Unmeasured:
+    """An instance that reported this slot without usable counters.
+
+    Its engine's counters were missing (the engine's API failed, the job was not
+    in the reading, or the reading had not advanced since the instance's last
+    slot). The epoch holds its cap: neither cut (it may be busy) nor released
+    (it may be overloaded). ``cap_cores`` is the cap its agent reported, if any.
+    """
+
+    key: InstanceKey
+    node: str
+    worker: str
+    stateful: bool
+    upstream: tuple[str, ...]
+    engine: str
+    reason: str  # e.g. "flink counters unavailable: GET /jobs/overview: Connection refused"
+    timestamp: float  # the report's
+    cap_cores: float | None = None
 
 
 @dataclass
@@ -94,5 +132,6 @@ __all__ = [
     "InstanceKey",
     "InstanceSlot",
     "OperatorKey",
+    "Unmeasured",
     "topological_order",
 ]

@@ -10,6 +10,7 @@ the node recommendation). It goes to SQLite, `dschedctl plan` and /metrics.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -105,6 +106,25 @@ def build_record(
                         "reason": alloc.cut_reason.get(k, ""),
                     }
                 )
+    held = []
+    for k, u in sorted(result.held.items()):
+        step = steps.get(k)
+        held.append(
+            {
+                "app": k.app,
+                "operator": k.operator,
+                "instance": k.instance,
+                "node": u.node,
+                "engine": u.engine,
+                "cap_cores": step.cap if step is not None else None,  # None: uncapped
+                "hysteresis": "held",
+                "reason": u.reason,
+            }
+        )
+    held_notes = [
+        f"held {n} instance(s) at their caps: {why}"
+        for why, n in sorted(Counter(row["reason"] for row in held).items())
+    ]
     caps_by_app: dict[str, float] = {}
     for row in instances:
         caps_by_app[row["app"]] = caps_by_app.get(row["app"], 0.0) + row["cap_cores"]
@@ -163,8 +183,9 @@ def build_record(
             "value_one_fewer": rec.value_one_fewer,
             "reason": rec.reason,
         },
+        "held": held,
         "placement": placement,
-        "notes": alloc.notes,
+        "notes": [*alloc.notes, *held_notes],
         "actuator": actuator,
         "sent": acted.sent,
         "unreachable": acted.unreachable,
@@ -176,32 +197,47 @@ def _f(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+def _app_lines(app: str, rec: dict[str, Any], row: dict[str, Any]) -> list[str]:
+    verdict = "VIOLATION" if row["violation"] else "ok"
+    lines = [
+        f"epoch {rec['epoch']} ({rec['mode']}): {app} class {row['class']} "
+        f"(weight {row['weight']:g}, target {row['target_ms']:g} ms) "
+        f"demand {row['demand_cores']:.2f} cores, allocated {row['allocated_cores']:.2f}, "
+        f"caps {row['cap_cores']:.2f}; latency measured {_f(row['latency_ms'], 1)} ms, "
+        f"estimated {_f(row['latency_estimate_ms'], 1)} ms -> {verdict}"
+    ]
+    reasons = sorted({o["reason"] for o in rec["operators"] if o["app"] == app})
+    if reasons:
+        lines.append(f"  demand set by: {', '.join(reasons)}")
+    cut = [c for c in rec.get("cuts", []) if c["app"] == app]
+    if cut:
+        total = sum(c["cut_cores"] for c in cut)
+        why = sorted({c["reason"] for c in cut})
+        lines.append(f"  cut {total:.2f} cores over {len(cut)} instance(s): {'; '.join(why)}")
+    rec_node = rec.get("node_recommendation")
+    if rec_node and rec_node["nodes_delta"]:
+        lines.append(f"  cluster: {rec_node['reason']}")
+    return lines
+
+
 def explain_lines(app: str, records: list[dict[str, Any]]) -> list[str]:
     """One line per epoch (plus one per cut) telling what ``app`` asked for, got and why."""
     lines = []
     for rec in records:
         row = next((a for a in rec.get("apps", []) if a["app"] == app), None)
-        if row is None:
+        held = [h for h in rec.get("held", []) if h["app"] == app]
+        if row is None and not held:
             continue
-        verdict = "VIOLATION" if row["violation"] else "ok"
-        lines.append(
-            f"epoch {rec['epoch']} ({rec['mode']}): {app} class {row['class']} "
-            f"(weight {row['weight']:g}, target {row['target_ms']:g} ms) "
-            f"demand {row['demand_cores']:.2f} cores, allocated {row['allocated_cores']:.2f}, "
-            f"caps {row['cap_cores']:.2f}; latency measured {_f(row['latency_ms'], 1)} ms, "
-            f"estimated {_f(row['latency_estimate_ms'], 1)} ms -> {verdict}"
-        )
-        reasons = sorted({o["reason"] for o in rec["operators"] if o["app"] == app})
-        if reasons:
-            lines.append(f"  demand set by: {', '.join(reasons)}")
-        cut = [c for c in rec.get("cuts", []) if c["app"] == app]
-        if cut:
-            total = sum(c["cut_cores"] for c in cut)
-            why = sorted({c["reason"] for c in cut})
-            lines.append(f"  cut {total:.2f} cores over {len(cut)} instance(s): {'; '.join(why)}")
-        rec_node = rec.get("node_recommendation")
-        if rec_node and rec_node["nodes_delta"]:
-            lines.append(f"  cluster: {rec_node['reason']}")
+        if row is not None:
+            lines += _app_lines(app, rec, row)
+        else:
+            lines.append(f"epoch {rec['epoch']} ({rec['mode']}): {app} has no measured instance")
+        for why in sorted({h["reason"] for h in held}):
+            mine = [h for h in held if h["reason"] == why]
+            kept = sum(h["cap_cores"] for h in mine if h["cap_cores"] is not None)
+            lines.append(
+                f"  held: {why} ({len(mine)} instance(s) keep their caps, {kept:.2f} cores)"
+            )
     if not lines:
         lines.append(f"{app}: no decision in the last {len(records)} epoch(s) mentions it")
     return lines

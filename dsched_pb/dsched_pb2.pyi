@@ -84,7 +84,7 @@ class InstanceKey(_message.Message):
     def __init__(self, app: _Optional[str] = ..., operator: _Optional[str] = ..., instance: _Optional[int] = ...) -> None: ...
 
 class InstanceSample(_message.Message):
-    __slots__ = ("key", "worker", "stateful", "tids", "pid", "cpu_seconds_total", "cpu_usage_cores", "received_total", "executed_total", "emitted_total", "queue_length", "latency_sum_seconds_total", "latency_count_total", "cap_cores", "throttled_periods_total", "throttled_seconds_total", "periods_total", "service_seconds_total", "upstream")
+    __slots__ = ("key", "worker", "stateful", "tids", "pid", "cpu_seconds_total", "cpu_usage_cores", "received_total", "executed_total", "emitted_total", "queue_length", "latency_sum_seconds_total", "latency_count_total", "cap_cores", "throttled_periods_total", "throttled_seconds_total", "periods_total", "service_seconds_total", "upstream", "engine")
     KEY_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     STATEFUL_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,7 @@ class InstanceSample(_message.Message):
     PERIODS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SERVICE_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     key: InstanceKey
     worker: str
     stateful: bool
@@ -123,7 +124,8 @@ class InstanceSample(_message.Message):
     periods_total: int
     service_seconds_total: float
     upstream: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, key: _Optional[_Union[InstanceKey, _Mapping]] = ..., worker: _Optional[str] = ..., stateful: _Optional[bool] = ..., tids: _Optional[_Iterable[int]] = ..., pid: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., cpu_usage_cores: _Optional[float] = ..., received_total: _Optional[int] = ..., executed_total: _Optional[int] = ..., emitted_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., latency_sum_seconds_total: _Optional[float] = ..., latency_count_total: _Optional[int] = ..., cap_cores: _Optional[float] = ..., throttled_periods_total: _Optional[int] = ..., throttled_seconds_total: _Optional[float] = ..., periods_total: _Optional[int] = ..., service_seconds_total: _Optional[float] = ..., upstream: _Optional[_Iterable[str]] = ...) -> None: ...
+    engine: str
+    def __init__(self, key: _Optional[_Union[InstanceKey, _Mapping]] = ..., worker: _Optional[str] = ..., stateful: _Optional[bool] = ..., tids: _Optional[_Iterable[int]] = ..., pid: _Optional[int] = ..., cpu_seconds_total: _Optional[float] = ..., cpu_usage_cores: _Optional[float] = ..., received_total: _Optional[int] = ..., executed_total: _Optional[int] = ..., emitted_total: _Optional[int] = ..., queue_length: _Optional[int] = ..., latency_sum_seconds_total: _Optional[float] = ..., latency_count_total: _Optional[int] = ..., cap_cores: _Optional[float] = ..., throttled_periods_total: _Optional[int] = ..., throttled_seconds_total: _Optional[float] = ..., periods_total: _Optional[int] = ..., service_seconds_total: _Optional[float] = ..., upstream: _Optional[_Iterable[str]] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class InterfaceBytes(_message.Message):
     __slots__ = ("name", "rx_bytes_total", "tx_bytes_total")
@@ -262,7 +264,7 @@ class AgentStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., cpu_capacity_cores: _Optional[float] = ..., cgroup_mode: _Optional[_Union[CgroupMode, str]] = ..., instances: _Optional[int] = ..., last_report_age_seconds: _Optional[float] = ..., counters_available: _Optional[_Iterable[str]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("mode", "epoch", "agents", "applications", "instances", "slot_seconds", "version", "uptime_seconds")
+    __slots__ = ("mode", "epoch", "agents", "applications", "instances", "slot_seconds", "version", "uptime_seconds", "engines")
     MODE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     AGENTS_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +273,7 @@ class StatusReply(_message.Message):
     SLOT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
     mode: Mode
     epoch: int
     agents: _containers.RepeatedCompositeFieldContainer[AgentStatus]
@@ -279,7 +282,28 @@ class StatusReply(_message.Message):
     slot_seconds: float
     version: str
     uptime_seconds: float
-    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., epoch: _Optional[int] = ..., agents: _Optional[_Iterable[_Union[AgentStatus, _Mapping]]] = ..., applications: _Optional[int] = ..., instances: _Optional[int] = ..., slot_seconds: _Optional[float] = ..., version: _Optional[str] = ..., uptime_seconds: _Optional[float] = ...) -> None: ...
+    engines: _containers.RepeatedCompositeFieldContainer[EngineStatus]
+    def __init__(self, mode: _Optional[_Union[Mode, str]] = ..., epoch: _Optional[int] = ..., agents: _Optional[_Iterable[_Union[AgentStatus, _Mapping]]] = ..., applications: _Optional[int] = ..., instances: _Optional[int] = ..., slot_seconds: _Optional[float] = ..., version: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., engines: _Optional[_Iterable[_Union[EngineStatus, _Mapping]]] = ...) -> None: ...
+
+class EngineStatus(_message.Message):
+    __slots__ = ("name", "kind", "endpoint", "healthy", "reason", "jobs", "instances", "last_read_age_seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    LAST_READ_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    endpoint: str
+    healthy: bool
+    reason: str
+    jobs: int
+    instances: int
+    last_read_age_seconds: float
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., endpoint: _Optional[str] = ..., healthy: _Optional[bool] = ..., reason: _Optional[str] = ..., jobs: _Optional[int] = ..., instances: _Optional[int] = ..., last_read_age_seconds: _Optional[float] = ...) -> None: ...
 
 class SetModeRequest(_message.Message):
     __slots__ = ("mode",)

@@ -107,6 +107,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="CPU capacity of each node with --nodes 2 or more (default 0.8)",
     )
     p.add_argument("--quiet", action="store_true", help="no per-epoch tables")
+    p.add_argument(
+        "--engine",
+        choices=["testbed", "flink"],
+        default="testbed",
+        help="testbed: the project's WordCount (default); flink: a local Apache Flink "
+        "cluster started from the installed wheels (`make flink`) running a streaming "
+        "SQL WordCount (rates are sentences/s x 10 records)",
+    )
 
 
 MAX_NODES = 8
@@ -131,6 +139,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--parallelism must be >= 1, got {args.parallelism}")
     if not 1 <= args.nodes <= MAX_NODES:
         raise ValueError(f"--nodes must be between 1 and {MAX_NODES}, got {args.nodes}")
+    if getattr(args, "engine", "testbed") == "flink" and args.nodes > 1:
+        raise ValueError("--nodes: the Flink demo runs one node (Flink places its subtasks)")
     positive(args.node_cores, "--node-cores")
 
 
@@ -300,6 +310,10 @@ def run(args: argparse.Namespace) -> int:
         mode = "dry-run"
     elif args.mode is None and not writable:
         console.print(f"[yellow]dry-run: {why}[/]")
+    if args.engine == "flink":
+        from testbed import demo_flink  # starts JVMs: only loaded when asked for
+
+        return demo_flink.run(args, mode, console)
     several = args.nodes > 1
     # One cgroup root per node: a node's agent caps its root at the node's capacity.
     roots = (

@@ -5,6 +5,14 @@ instance into :class:`InstanceSlot` deltas, keeps the last ``depth`` of them per
 instance, and refuses what cannot be trusted. Every refusal has a reason that is
 counted (``rejected``) and logged once per (node, reason) burst; the loop never
 stops because one agent sent garbage.
+
+Samples of engines that are not instrumented (``engine`` set, e.g. "flink")
+carry CPU, threads, stateful flag and upstream but no counters: ingest takes
+those from the engine edge's latest reading (controller/edges/engines.py).
+When the reading has none for the instance, or has not advanced since the one
+its previous slot used, the instance is *unmeasured* this slot: it gets no
+slot (zeros would read as an idle instance), it is listed in ``unmeasured``
+with the reason, and the epoch holds its cap.
 """
 
 from __future__ import annotations
@@ -15,7 +23,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from controller.model import AppTopology, InstanceHistory, InstanceKey, InstanceSlot
+from controller.edges.engines import EngineCounters
+from controller.model import AppTopology, InstanceHistory, InstanceKey, InstanceSlot, Unmeasured
+from dsched.engines import InstanceCounters
 from dsched.names import InvalidName, check_name
 from dsched_pb import dsched_pb2 as pb
 
@@ -60,6 +70,7 @@ class _Baseline:
 @dataclass
 class IngestResult:
     accepted: int = 0
+    unmeasured: int = 0  # engine instances without counters this slot
     rejected: Counter = field(default_factory=Counter)
 
 
@@ -71,8 +82,10 @@ class ObservedCluster:
         depth: int = 5,
         forget_after_seconds: float = 60.0,
         max_clock_skew_seconds: float = MAX_CLOCK_SKEW_SECONDS,
+        engines: EngineCounters | None = None,
     ):
         self.max_clock_skew_seconds = max_clock_skew_seconds
+        self.engines = engines
         if depth < 1:
             raise ValueError("depth must be at least 1")
         self.depth = depth
@@ -83,6 +96,10 @@ class ObservedCluster:
         self.rejected: Counter = Counter()
         self._baselines: dict[InstanceKey, _Baseline] = {}
         self._logged: set[tuple[str, str]] = set()
+        #: Instances whose last report came without usable engine counters.
+        self.unmeasured: dict[InstanceKey, Unmeasured] = {}
+        # Per engine instance: the stamp of the reading its last counters came from.
+        self._engine_stamps: dict[InstanceKey, int] = {}
 
     # ------------------------------------------------------------------ agents
     def agent_connected(self, hello: pb.Hello, now: float | None = None) -> AgentInfo:
@@ -151,19 +168,39 @@ class ObservedCluster:
         agent.caps = {}
         for sample in report.instances:
             slot = self._instance_slot(result, node, report, sample)
+            if isinstance(slot, Unmeasured):
+                self.unmeasured[slot.key] = slot
+                hist = self.histories.get(slot.key)
+                if hist is not None:
+                    hist.touch(slot)  # alive where it says; no slot to add
+                self._learn_topology(slot.key, slot.upstream, slot.stateful)
+                result.unmeasured += 1
+                continue
             if slot is None:
                 continue
             hist = self.histories.get(slot.key)
             if hist is None:
                 hist = self.histories[slot.key] = InstanceHistory.empty(slot, self.depth)
             hist.add(slot)
-            self._learn_topology(slot)
+            self._learn_topology(slot.key, slot.upstream, slot.stateful)
             result.accepted += 1
         return result
 
+    def _engine_counters(self, engine: str, key: InstanceKey) -> tuple[InstanceCounters, int] | str:
+        """(counters, reading stamp) of an engine instance, or why it is unmeasured."""
+        if self.engines is None:
+            return f"{engine} counters unavailable: no [[engine]] is configured"
+        found = self.engines.counters(engine, key)
+        if found.counters is None:
+            return f"{engine} counters unavailable: {found.reason}"
+        if found.stamp <= self._engine_stamps.get(key, 0):
+            # The same reading again would make the slot look idle.
+            return f"{engine} counters unavailable: no new reading since the last slot"
+        return found.counters, found.stamp
+
     def _instance_slot(
         self, result: IngestResult, node: str, report: pb.NodeReport, s: pb.InstanceSample
-    ) -> InstanceSlot | None:
+    ) -> InstanceSlot | Unmeasured | None:
         try:
             key = InstanceKey(
                 check_name("app", s.key.app), check_name("operator", s.key.operator), s.key.instance
@@ -203,17 +240,43 @@ class ObservedCluster:
         if cap is not None:
             self.agents[node].caps[key] = cap
         throttled = s.throttled_seconds_total if s.HasField("throttled_seconds_total") else None
-        current = _Baseline(
-            report.timestamp,
-            s.received_total,
-            s.executed_total,
-            s.emitted_total,
-            s.cpu_seconds_total,
-            s.latency_sum_seconds_total,
-            s.latency_count_total,
-            s.service_seconds_total,
-            throttled,
-        )
+        queue_length = float(s.queue_length)
+        if s.engine:
+            found = self._engine_counters(s.engine, key)
+            if isinstance(found, str):
+                # The baseline stays: the next measured slot spans the gap.
+                return Unmeasured(
+                    key, node, worker, s.stateful, upstream, s.engine, found, report.timestamp, cap
+                )
+            c, stamp = found
+            self._engine_stamps[key] = stamp
+            queue_length = float(c.queue_length)
+            # Flink counts records in, not arrivals and executions apart: both are
+            # numRecordsIn; busy time is the service time.
+            current = _Baseline(
+                report.timestamp,
+                c.received,
+                c.received,
+                c.emitted,
+                s.cpu_seconds_total,
+                c.latency_sum_seconds,
+                c.latency_count,
+                c.busy_seconds,
+                throttled,
+            )
+        else:
+            current = _Baseline(
+                report.timestamp,
+                s.received_total,
+                s.executed_total,
+                s.emitted_total,
+                s.cpu_seconds_total,
+                s.latency_sum_seconds_total,
+                s.latency_count_total,
+                s.service_seconds_total,
+                throttled,
+            )
+        self.unmeasured.pop(key, None)
         prev = self._baselines.get(key)
         self._baselines[key] = current
         if prev is None:
@@ -254,19 +317,20 @@ class ObservedCluster:
             executed=deltas["executed"],
             emitted=deltas["emitted"],
             cpu_seconds=deltas["cpu_seconds"],
-            queue_length=float(s.queue_length),
+            queue_length=queue_length,
             latency_sum_seconds=deltas["latency_sum"],
             latency_count=deltas["latency_count"],
             service_seconds=deltas["service_seconds"],
             cap_cores=cap,
             throttled_seconds=throttled_delta,
             upstream=upstream,
+            engine=s.engine,
         )
 
-    def _learn_topology(self, slot: InstanceSlot) -> None:
-        topo = self.topologies.setdefault(slot.key.app, AppTopology(slot.key.app))
-        topo.parents[slot.key.operator] = slot.upstream
-        topo.stateful[slot.key.operator] = slot.stateful
+    def _learn_topology(self, key: InstanceKey, upstream: tuple[str, ...], stateful: bool) -> None:
+        topo = self.topologies.setdefault(key.app, AppTopology(key.app))
+        topo.parents[key.operator] = upstream
+        topo.stateful[key.operator] = stateful
 
     def forget_vanished(self, now: float) -> None:
         """Drop instances that stopped reporting (once per epoch: it scans them all)."""
@@ -276,8 +340,17 @@ class ObservedCluster:
         for k in gone:
             del self.histories[k]
             self._baselines.pop(k, None)
-        if gone:
-            live_ops = {(k.app, k.operator) for k in self.histories}
+            self._engine_stamps.pop(k, None)
+        silent = [
+            k for k, u in self.unmeasured.items() if now - u.timestamp > self.forget_after_seconds
+        ]
+        for k in silent:
+            del self.unmeasured[k]
+            if k not in self.histories:
+                self._baselines.pop(k, None)
+                self._engine_stamps.pop(k, None)
+        if gone or silent:
+            live_ops = {(k.app, k.operator) for k in (*self.histories, *self.unmeasured)}
             for app, topo in list(self.topologies.items()):
                 for op in list(topo.parents):
                     if (app, op) not in live_ops:

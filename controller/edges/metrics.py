@@ -14,7 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controller.edges.engines import error_class
 from dsched.config import parse_hostport
+from dsched.engines import CounterReading
 
 
 class _DecisionCollector(Collector):
@@ -37,6 +39,20 @@ class _DecisionCollector(Collector):
             labels = [row["app"], row["operator"], str(row["instance"]), row["node"]]
             caps.add_metric(labels, row["cap_cores"])
             demand.add_metric(labels, row["demand_cores"])
+        held = GaugeMetricFamily(
+            "dsched_engine_instances_held",
+            "Instances whose cap was held in the last epoch because their engine's "
+            "counters were missing",
+            labels=["engine"],
+        )
+        held_by_engine: dict[str, int] = {}
+        for row in rec.get("held", []):
+            held_by_engine[row["engine"]] = held_by_engine.get(row["engine"], 0) + 1
+            if row["cap_cores"] is not None:
+                labels = [row["app"], row["operator"], str(row["instance"]), row["node"]]
+                caps.add_metric(labels, row["cap_cores"])
+        for engine, n in sorted(held_by_engine.items()):
+            held.add_metric([engine], n)
         rate = GaugeMetricFamily(
             "dsched_operator_predicted_rate_tuples_per_second",
             "Arrival rate predicted for the next slot",
@@ -76,7 +92,7 @@ class _DecisionCollector(Collector):
         )
         node_rec = rec.get("node_recommendation")
         nodes.add_metric([], node_rec["nodes_delta"] if node_rec else 0)
-        yield from (caps, demand, rate, arrival, app_demand, app_alloc, app_latency, nodes)
+        yield from (caps, demand, held, rate, arrival, app_demand, app_alloc, app_latency, nodes)
 
 
 class ControllerMetrics:
@@ -128,8 +144,38 @@ class ControllerMetrics:
             ["reason"],
             registry=r,
         )
+        self.engine_up = Gauge(
+            "dsched_engine_up",
+            "1 when the engine's last counter read succeeded, 0 when it failed",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_read_errors = Counter(
+            "dsched_engine_read_errors_total",
+            "Failed engine counter reads (whole reads and single jobs), by class: "
+            "unreachable, http_error, bad_answer",
+            ["engine", "reason"],
+            registry=r,
+        )
+        self.engine_read_seconds = Histogram(
+            "dsched_engine_read_seconds",
+            "Wall time of one read of an engine's counters (every job, every vertex)",
+            ["engine"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
         r.register(_DecisionCollector(last_record))
         self._server = None
+
+    def observe_engine_read(self, engine: str, reading: CounterReading, seconds: float) -> None:
+        """One engine read finished (called on the engine's thread)."""
+        self.engine_up.labels(engine).set(0 if reading.error else 1)
+        self.engine_read_seconds.labels(engine).observe(seconds)
+        reasons = [reading.error] if reading.error else list(reading.missing.values())
+        for reason in reasons:
+            kind = error_class(reason)
+            if kind is not None:
+                self.engine_read_errors.labels(engine, kind).inc()
 
     def serve(self, address: str) -> None:
         host, port = parse_hostport("metrics", address)

@@ -153,7 +153,11 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         except InvalidName as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         records = self.controller.explain(request.app, request.epochs or 10)
-        mine = [r for r in records if any(a["app"] == request.app for a in r.get("apps", []))]
+        mine = [
+            r
+            for r in records
+            if any(a["app"] == request.app for a in (*r.get("apps", []), *r.get("held", [])))
+        ]
         return pb.ExplainReply(
             app=request.app,
             lines=explain_lines(request.app, records),
@@ -167,10 +171,11 @@ def _app_view(rec: dict, app: str) -> dict:
         "epoch": rec["epoch"],
         "timestamp": rec["timestamp"],
         "mode": rec["mode"],
-        "app": next(a for a in rec["apps"] if a["app"] == app),
+        "app": next((a for a in rec["apps"] if a["app"] == app), None),
         "operators": [o for o in rec["operators"] if o["app"] == app],
         "instances": [i for i in rec["instances"] if i["app"] == app],
         "cuts": [c for c in rec.get("cuts", []) if c["app"] == app],
+        "held": [h for h in rec.get("held", []) if h["app"] == app],
         "dp": rec.get("dp"),
         "node_recommendation": rec.get("node_recommendation"),
     }
@@ -200,7 +205,8 @@ def plan_reply(rec: dict) -> pb.PlanReply:
             key=pb.InstanceKey(app=i["app"], operator=i["operator"], instance=i["instance"]),
             cap_cores=i["cap_cores"],
         )
-        for i in rec.get("instances", [])
+        for i in (*rec.get("instances", []), *rec.get("held", []))
+        if i["cap_cores"] is not None
     ]
     return pb.PlanReply(
         epoch=rec["epoch"],

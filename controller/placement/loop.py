@@ -13,11 +13,11 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller.placement.common import PlacementStrategy
-from controller.placement.migration import LogOnlyMoveActuator, MoveActuator
+from controller.placement.migration import LogOnlyMoveActuator, MoveActuator, MoveResult
 from controller.placement.stage import PlacementDemand, placement_summary, plan_placement
 from dsched.ids import InstanceKey
 
@@ -34,6 +34,8 @@ class PlacementOffer:
     capacity: Mapping[str, float]
     current: Mapping[str, tuple[str, bool]]  # instance id -> (worker, stateful)
     dags: Mapping[str, list[tuple[str, str]]]
+    # Instance id -> why dsched must not move it (its engine places it): recommend only.
+    pinned: Mapping[str, str] = field(default_factory=dict)
 
 
 class PlacementLoop:
@@ -119,6 +121,7 @@ class PlacementLoop:
                 strategy=self.strategy,
                 headroom_cores=self.headroom_cores,
                 dags=offer.dags,
+                pinned=offer.pinned,
             )
         except ValueError as exc:
             log.error("epoch %d: no placement plan: %s", offer.epoch, exc)
@@ -128,8 +131,13 @@ class PlacementLoop:
         if plan is None:
             return
         mover = self.mover if offer.mode == "enforce" else LogOnlyMoveActuator()
+        # Pinned instances' moves are in plan.recommended, never in plan.moves:
+        # the actuator only sees what dsched may move.
         try:
-            result = mover.execute(plan).to_dict()
+            if plan.moves:
+                result = mover.execute(plan).to_dict()
+            else:
+                result = MoveResult(mover.name, False).to_dict()  # recommendations only
         except (OSError, ValueError, RuntimeError) as exc:
             # A failed move leaves every instance where it was (the actuator
             # rolls back); the next plan starts from what is measured then.

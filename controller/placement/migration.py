@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from controller.placement.model import Move, Plan, Worker
+from controller.placement.model import Move, Plan, Recommendation, Worker
 from dsched.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,13 @@ def plan_from_dict(data: Any) -> Plan:
             raise ValueError(f"plan field 'moves[{i}].stateful' must be true or false")
         moves.append(move)
     workers = tuple(Worker(**w) for w in data.get("workers", ()))
+    recommended = []
+    for i, r in enumerate(data.get("recommended", ())):
+        try:
+            move = Move(**{k: r["move"][k] for k in Move.__dataclass_fields__})
+            recommended.append(Recommendation(move, str(r["reason"])))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"plan field 'recommended[{i}]' lacks {exc}") from None
     return Plan(
         strategy=str(data.get("strategy", "")),
         moves=tuple(moves),
@@ -119,6 +126,7 @@ def plan_from_dict(data: Any) -> Plan:
         inter_node_traffic_after=_float(data, "inter_node_traffic_after"),
         plan_seconds=_float(data, "plan_seconds"),
         reasons=tuple(data.get("reasons", ())),
+        recommended=tuple(recommended),
     )
 
 

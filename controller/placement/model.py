@@ -285,6 +285,15 @@ class Move:
 
 
 @dataclass(frozen=True)
+class Recommendation:
+    """A move the strategy wanted that dsched does not carry out, and why: the
+    instance's engine places it itself (Flink schedules its subtasks)."""
+
+    move: Move
+    reason: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """A placement decision and what it costs.
 
@@ -312,6 +321,8 @@ class Plan:
     inter_node_traffic_after: float
     plan_seconds: float
     reasons: tuple[str, ...]
+    # Moves only recommended (not in ``moves``, never given to a move actuator).
+    recommended: tuple[Recommendation, ...] = ()
 
     @property
     def feasible(self) -> bool:

@@ -15,10 +15,13 @@ off the fast loop with this epoch's typed demands::
 It returns a plan only when a node's predicted demand exceeds its capacity
 minus headroom, an instance sits on a node that is gone, or a node's whole
 demand fits in the spare room of the others (it can be emptied); and only
-when that plan moves something. Otherwise it returns None and the epoch
-moves nothing; in an epoch that needs no plan the strategy's ``observe`` is
-called instead, so strategies that count epochs (``liu``'s scale-in
-patience) see every one. Build the strategy once and pass the same object
+when that plan moves (or recommends) something. Otherwise it returns None
+and the epoch moves nothing; in an epoch that needs no plan the strategy's
+``observe`` is called instead, so strategies that count epochs (``liu``'s
+scale-in patience) see every one. Instances in ``pinned`` (instance id ->
+why, e.g. "flink places subtasks itself") are recommend-only: their moves
+leave the plan's ``moves`` for its ``recommended`` (see
+:func:`recommend_only`). Build the strategy once and pass the same object
 each epoch. Tools that replay decision records build the demands with
 :func:`demands_from_record`.
 """
@@ -31,13 +34,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from controller.placement import get_strategy
-from controller.placement.common import PlacementStrategy
+from controller.placement.common import PlacementStrategy, build_plan
 from controller.placement.model import (
     EPSILON_CORES,
     Instance,
+    Move,
     Node,
     PlacementInput,
     Plan,
+    Recommendation,
     Worker,
     instance_id,
 )
@@ -177,11 +182,15 @@ def plan_placement(
     dags: Mapping[str, Sequence[tuple[str, str]]] | None = None,
     traffic: Mapping[tuple[str, str], float] | None = None,
     scale_in: bool = True,
+    pinned: Mapping[str, str] | None = None,
 ) -> Plan | None:
-    """A plan when placement must act and the strategy moves something, else None.
+    """A plan when placement must act and the strategy moves or recommends
+    something, else None.
 
     ``scale_in`` False: only overload and vanished nodes trigger a plan (pass a
     strategy built without scale in too, e.g. ``get_strategy("liu", scale_in=False)``).
+    ``pinned``: instance id -> why dsched must not move it; its moves are only
+    recommended.
     """
     if (
         isinstance(headroom_cores, bool)
@@ -197,26 +206,89 @@ def plan_placement(
         strategy.observe(state, headroom_cores)
         return None
     plan = strategy.plan(state, headroom_cores=headroom_cores)
-    if not plan.moves:
+    if pinned:
+        plan = recommend_only(state, plan, pinned, headroom_cores)
+    if not plan.moves and not plan.recommended:
         return None
     return replace(plan, reasons=(*why, *plan.reasons))
+
+
+def recommend_only(
+    state: PlacementInput, plan: Plan, pinned: Mapping[str, str], headroom_cores: float = 0.0
+) -> Plan:
+    """``plan`` with the moves of ``pinned`` instances turned into recommendations.
+
+    Pinned instances stay where they are in the plan's assignment (one that
+    sits on a vanished node is left out: its engine places it again), and the
+    plan's costs (affected workers, stateful moves, overloaded nodes...) are
+    those of the moves dsched carries out. Only moves to another node are
+    recommended (the engine runs its own workers). The reasons say how many
+    moves are only recommended and why.
+    """
+    held_back = [m for m in plan.moves if m.instance in pinned]
+    if not held_back:
+        return plan
+    # A new worker on the same node says nothing to an engine that runs its own
+    # workers (a Flink TaskManager's slots are its own business): not recommended.
+    recommended = tuple(
+        Recommendation(m, pinned[m.instance]) for m in held_back if m.to_node != m.from_node
+    )
+    before = state.current_assignment()
+    gone = {i.id for i in state.instances if i.id in pinned and i.id not in before}
+    if gone:
+        state = replace(
+            state,
+            instances=tuple(i for i in state.instances if i.id not in gone),
+            traffic={k: v for k, v in state.traffic.items() if not set(k) & gone},
+        )
+    assignment = {
+        i: (before[i] if i in pinned else where)
+        for i, where in plan.assignment.items()
+        if i not in gone
+    }
+    kept = build_plan(
+        state,
+        plan.strategy,
+        assignment,
+        plan.workers,
+        (),
+        headroom_cores,
+        plan.plan_seconds,
+    )
+    why = sorted({pinned[m.instance] for m in held_back})
+    reasons = [
+        r
+        for r in plan.reasons
+        if not r.startswith(("no placement found within capacity", "no move"))
+    ]
+    return replace(
+        kept,
+        reasons=(
+            *reasons,
+            *kept.reasons,
+            f"{len(recommended)} move(s) only recommended: {'; '.join(why)}",
+        ),
+        recommended=recommended,
+    )
+
+
+def _move_dict(m: Move) -> dict[str, Any]:
+    return {
+        "instance": m.instance,
+        "from_node": m.from_node,
+        "to_node": m.to_node,
+        "from_worker": m.from_worker,
+        "to_worker": m.to_worker,
+        "stateful": m.stateful,
+    }
 
 
 def placement_summary(plan: Plan) -> dict[str, Any]:
     """What goes into the decision record (and the demo JSON) about a plan."""
     return {
         "strategy": plan.strategy,
-        "moves": [
-            {
-                "instance": m.instance,
-                "from_node": m.from_node,
-                "to_node": m.to_node,
-                "from_worker": m.from_worker,
-                "to_worker": m.to_worker,
-                "stateful": m.stateful,
-            }
-            for m in plan.moves
-        ],
+        "moves": [_move_dict(m) for m in plan.moves],
+        "recommended": [{**_move_dict(r.move), "reason": r.reason} for r in plan.recommended],
         "affected_workers": len(plan.affected_workers),
         "affected_stateful_workers": len(plan.affected_stateful_workers),
         "stateful_moves": plan.stateful_moves,

@@ -7,7 +7,7 @@ observed cluster and returns new values.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -64,10 +64,14 @@ class Observed(Protocol):
     histories: Mapping[InstanceKey, InstanceHistory]
 
 
-def evaluate(cluster: Observed, phi: int) -> dict[OperatorKey, OperatorView]:
+def evaluate(
+    cluster: Observed, phi: int, exclude: Container[InstanceKey] = ()
+) -> dict[OperatorKey, OperatorView]:
+    """Views of every operator with slots. Instances in ``exclude`` (unmeasured this
+    slot: their engine's counters are missing) are left out; the epoch holds their caps."""
     by_op: dict[OperatorKey, list] = {}
     for h in cluster.histories.values():
-        if h.slots:
+        if h.slots and h.key not in exclude:
             by_op.setdefault(h.key.operator_key, []).append(h)
     views: dict[OperatorKey, OperatorView] = {}
     for op, hists in sorted(by_op.items()):

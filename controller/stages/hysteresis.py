@@ -44,7 +44,7 @@ class HysteresisState(NamedTuple):
 class HysteresisStep(NamedTuple):
     cap: float
     changed: bool
-    reason: str  # "first", "raise", "lower", "hold", "fit-node"
+    reason: str  # "first", "raise", "lower", "hold", "fit-node", "held"
     state: HysteresisState  # the instance's memory after this epoch
 
 
@@ -69,6 +69,29 @@ def step(state: HysteresisState, demand_cores: float, theta: float) -> Hysteresi
 
 
 _FRESH = HysteresisState()
+
+
+def hold_caps(
+    reported: Mapping[InstanceKey, float | None],
+    memory: Mapping[InstanceKey, HysteresisState],
+) -> dict[InstanceKey, HysteresisStep]:
+    """Caps of unmeasured instances, kept as they are (reason "held").
+
+    An instance without counters this slot may be idle or overloaded: cutting
+    its cap could starve it, releasing it could let it take a node. So the cap
+    in force stays: the last one decided (the memory), else the one its agent
+    reports (``reported``). An instance with neither has no cap to hold and gets
+    no step. Its hysteresis state is carried unchanged, so when counters return
+    the cap moves as if the hold had not happened.
+    """
+    steps = {}
+    for k, agent_cap in reported.items():
+        state = memory.get(k)
+        cap = state.cap if state is not None and state.cap is not None else agent_cap
+        if cap is None:
+            continue
+        steps[k] = HysteresisStep(cap, False, "held", state or HysteresisState(cap=cap))
+    return steps
 
 
 def apply_hysteresis(

@@ -68,16 +68,23 @@ def _toml_value(v: Any) -> str:
     return json.dumps(str(v))
 
 
+def _is_table(v: Any) -> bool:
+    return isinstance(v, dict) and all(not isinstance(x, dict) for x in v.values())
+
+
 def write_toml(path: Path, data: dict[str, Any]) -> Path:
-    """Write a flat/one-level TOML file (enough for our configs)."""
+    """Write a flat/one-level TOML file (enough for our configs): keys, tables and
+    arrays of tables (a list of flat dicts, e.g. ``[[engine]]``)."""
     lines, tables = [], []
     for k, v in data.items():
-        if isinstance(v, dict) and all(not isinstance(x, dict) for x in v.values()):
-            tables.append((k, v))
+        if _is_table(v):
+            tables.append((f"[{k}]", v))
+        elif isinstance(v, list) and v and all(_is_table(x) for x in v):
+            tables.extend((f"[[{k}]]", x) for x in v)
         else:
             lines.append(f"{k} = {_toml_value(v)}")
-    for name, table in tables:
-        lines.append(f"\n[{name}]")
+    for header, table in tables:
+        lines.append(f"\n{header}")
         lines.extend(f"{k} = {_toml_value(x)}" for k, x in table.items())
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -680,6 +680,61 @@ def test_a_new_taskmanager_process_gets_the_instance_and_its_cap(cluster, v1_age
 
 
 @pytest.mark.cgroups
+def test_a_job_that_restarts_while_caps_are_written_ends_capped(cluster, v1_agent):
+    """Directives keep arriving while the subtask's attempt #0 threads end and #1's
+    start, and discovery scans meanwhile: no directive fails the agent, each is
+    applied or refused with a reason, and the new attempt ends under the last cap."""
+    jm, new_tm, cmdline = cluster
+    tm = new_tm()
+    tm.start("Calc[2] (1/2)#0", "OutputFlusher for Calc[2] (1/2)#0")
+    discovery = EngineDiscovery(v1_agent, make_engines([engine_config(jm, cmdline)]))
+    discovery.scan()
+    assert v1_agent.handle_directive(directive(1, CALC0, 0.3)).applied == 1
+
+    acks: list[pb.Ack] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def write_caps() -> None:
+        epoch = 2
+        try:
+            while not done.is_set():
+                acks.append(
+                    v1_agent.handle_directive(directive(epoch, CALC0, 0.2 + 0.01 * (epoch % 5)))
+                )
+                epoch += 1
+        except BaseException as exc:  # the test fails on any
+            errors.append(exc)
+
+    writer = threading.Thread(target=write_caps)
+    writer.start()
+    try:
+        for _ in range(5):  # the restart, mid-stream of directives
+            tm.stop("Calc[2] (1/2)#0", "OutputFlusher for Calc[2] (1/2)#0")
+            v1_agent.sample()
+            discovery.scan()
+            tm.start("Calc[2] (1/2)#0", "OutputFlusher for Calc[2] (1/2)#0")
+            discovery.scan()
+    finally:
+        done.set()
+        writer.join(10)
+    assert not errors, errors
+    assert acks
+    for ack in acks:
+        assert ack.applied == 1 or all(r.reason for r in ack.rejected)
+    last = max((a for a in acks if a.applied == 1), key=lambda a: a.epoch)
+    expected_cap = 0.2 + 0.01 * (last.epoch % 5)
+    discovery.scan()  # settles: the threads running now are the instance's
+    rec = v1_agent.registry.get(CALC0)
+    path = v1_agent.cgroups[CALC0]
+    assert rec.tids == tm.tids("Calc[2] (1/2)#0", "OutputFlusher for Calc[2] (1/2)#0")
+    assert cgroup_tasks(path) == rec.tids
+    quota = int((path / "cpu.cfs_quota_us").read_text())
+    period = int((path / "cpu.cfs_period_us").read_text())
+    assert quota / period == pytest.approx(expected_cap, abs=1e-3)
+
+
+@pytest.mark.cgroups
 def test_a_cancelled_job_loses_every_cgroup_and_held_cap(cluster, v1_agent):
     jm, new_tm, cmdline = cluster
     tm = new_tm()

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.flink_support import make_cluster_fixture
+
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 
 
@@ -34,3 +36,9 @@ def require_cgroups() -> None:
 def cgroup_v1_cpu() -> Path:
     require_cgroups()
     return CGROUP_V1_CPU
+
+
+# One real Flink cluster (1 TaskManager, 4 slots) for every test that asks for
+# `flink_cluster`: starting one takes 10-40 s, and each test module cancels the
+# jobs it submits (tests/flink_support.py).
+flink_cluster = make_cluster_fixture(scope="session")

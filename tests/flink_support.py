@@ -2,14 +2,14 @@
 
 Holds no tests itself. Use::
 
-    from tests.flink_support import flink_cluster, running_job  # noqa: F401 (fixture)
+    from tests.flink_support import running_job
 
     def test_something(flink_cluster, tmp_path):
         with running_job(flink_cluster, tmp_path, rate=2000) as (job_id, feeder):
             ...
 
-``flink_cluster`` is module-scoped: one 1-TaskManager cluster (4 slots) per test
-module, ~10 s to start. :func:`make_cluster_fixture` builds other shapes.
+``flink_cluster`` (tests/conftest.py) is session-scoped: one 1-TaskManager
+cluster (4 slots) for the whole run, 10-40 s to start. :func:`make_cluster_fixture` builds other shapes.
 Without Flink (``make flink``) the tests skip, or fail under
 ``DSCHED_REQUIRE_CGROUPS=1`` (CI), like the cgroup tests.
 """
@@ -82,9 +82,6 @@ def make_cluster_fixture(
                 _report(request, f"Flink logs kept in {cluster.log_dir}")
 
     return fixture
-
-
-flink_cluster = make_cluster_fixture()
 
 
 class RunningJob(NamedTuple):

@@ -26,7 +26,7 @@ from dsched.engines.flink import parse_thread_name, safe_name
 from dsched.ids import InstanceKey
 from dsched_pb import dsched_pb2 as pb
 from testbed.flink.cluster import FlinkCluster, JvmThread, jvm_threads
-from tests.flink_support import flink_cluster, running_job  # noqa: F401 (fixture)
+from tests.flink_support import running_job
 from tests.test_agent_support import release_tree, unique_root
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
@@ -42,7 +42,7 @@ CAP = 0.1
 
 
 @pytest.fixture(scope="module")
-def job(flink_cluster: FlinkCluster, tmp_path_factory) -> Iterator[str]:  # noqa: F811
+def job(flink_cluster: FlinkCluster, tmp_path_factory) -> Iterator[str]:
     with running_job(
         flink_cluster,
         tmp_path_factory.mktemp("wcagent"),
@@ -124,7 +124,7 @@ def cap_directive(epoch: int, caps: dict[InstanceKey, float]) -> pb.CapDirective
 
 
 def test_every_subtask_is_found_with_its_threads_and_dry_run_writes_nothing(
-    flink_cluster,  # noqa: F811
+    flink_cluster,
     job,
     cgroup_v1_cpu,
 ):
@@ -172,7 +172,7 @@ def test_every_subtask_is_found_with_its_threads_and_dry_run_writes_nothing(
 
 
 def test_caps_are_enforced_and_a_saturated_subtask_runs_at_its_cap(
-    flink_cluster,  # noqa: F811
+    flink_cluster,
     job,
     enforcing,
 ):
@@ -206,7 +206,7 @@ def test_caps_are_enforced_and_a_saturated_subtask_runs_at_its_cap(
 
 
 def test_failover_to_a_new_taskmanager_is_found_in_one_scan_and_keeps_its_caps(
-    flink_cluster,  # noqa: F811
+    flink_cluster,
     job,
     enforcing,
 ):
@@ -241,7 +241,7 @@ def test_failover_to_a_new_taskmanager_is_found_in_one_scan_and_keeps_its_caps(
     assert not (agent.backend.root / JOB / f"tm-{old}").exists()
 
 
-def test_a_cancelled_job_leaves_no_cgroup(flink_cluster, job, enforcing):  # noqa: F811
+def test_a_cancelled_job_leaves_no_cgroup(flink_cluster, job, enforcing):
     agent = enforcing
     discovery = EngineDiscovery(agent, make_engines([engine_config(flink_cluster)]))
     discovery.scan()

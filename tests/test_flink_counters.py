@@ -24,7 +24,7 @@ from dsched.ids import InstanceKey
 from dsched_pb import dsched_pb2 as pb
 from testbed.flink import metrics
 from testbed.flink.cluster import FlinkCluster
-from tests.flink_support import flink_cluster, running_job  # noqa: F401 (fixture)
+from tests.flink_support import running_job
 
 RATE = 2000  # records/s
 TOTAL = 6000  # three seconds of input
@@ -51,7 +51,7 @@ class Fed(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def fed(flink_cluster, tmp_path_factory) -> Iterator[Fed]:  # noqa: F811 (fixture)
+def fed(flink_cluster, tmp_path_factory) -> Iterator[Fed]:
     """The job after its feeder wrote TOTAL records and the aggregate received them."""
     work = tmp_path_factory.mktemp("counters")
     with running_job(flink_cluster, work, rate=RATE, total=TOTAL, job_name=JOB) as (jid, feeder):

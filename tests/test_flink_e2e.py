@@ -34,7 +34,7 @@ from testbed.flink.load import TraceFeeder
 from testbed.live.cluster import CGROUP_V1_CPU, LocalCluster, NodeSpec, remove_cgroup_tree
 
 from .conftest import require_cgroups
-from .flink_support import flink_cluster, require_flink  # noqa: F401 (fixture)
+from .flink_support import require_flink
 
 pytestmark = pytest.mark.slow
 
@@ -147,7 +147,7 @@ def _measured(rec: dict | None, apps: tuple[str, ...]) -> bool:
     return True
 
 
-def test_dry_run_then_enforce_two_classes_then_cancel(flink_cluster, tmp_path, cgroup_root_name):  # noqa: F811
+def test_dry_run_then_enforce_two_classes_then_cancel(flink_cluster, tmp_path, cgroup_root_name):
     flink = flink_cluster
     root = CGROUP_V1_CPU / cgroup_root_name
     ctrl_engine, agent_engine = _engine(flink)

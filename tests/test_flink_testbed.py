@@ -19,7 +19,7 @@ import pytest
 from testbed.flink import install, job, metrics
 from testbed.flink.cluster import FlinkCluster, jvm_threads
 from testbed.flink.load import WORDS, TraceFeeder, scenario_rates
-from tests.flink_support import flink_cluster, running_job  # noqa: F401 (fixture)
+from tests.flink_support import require_flink, running_job
 
 RATE = 2000  # records/s: about half a core for the whole job here
 TOTAL = 6000  # three seconds of input
@@ -121,7 +121,7 @@ class Job:
 
 
 @pytest.fixture(scope="module")
-def wordcount(flink_cluster, tmp_path_factory):  # noqa: F811 (the imported fixture)
+def wordcount(flink_cluster, tmp_path_factory):
     work = tmp_path_factory.mktemp("wordcount")
     latency_dir = work / "latency"
     with running_job(
@@ -136,7 +136,7 @@ def wordcount(flink_cluster, tmp_path_factory):  # noqa: F811 (the imported fixt
 
 
 @pytest.mark.slow
-def test_cluster_reports_one_taskmanager_with_four_slots(flink_cluster):  # noqa: F811
+def test_cluster_reports_one_taskmanager_with_four_slots(flink_cluster):
     tms = flink_cluster.registered_taskmanagers()
     assert [tm["slotsNumber"] for tm in tms] == [4]
     assert list(flink_cluster.taskmanagers()) == [tms[0]["id"]]
@@ -144,7 +144,7 @@ def test_cluster_reports_one_taskmanager_with_four_slots(flink_cluster):  # noqa
 
 
 @pytest.mark.slow
-def test_every_vertex_runs_at_parallelism_two(flink_cluster, wordcount):  # noqa: F811
+def test_every_vertex_runs_at_parallelism_two(flink_cluster, wordcount):
     vertices = flink_cluster.job_vertices(wordcount.job_id)
     names = [v["name"] for v in vertices]
     prefixes = (job.SOURCE_VERTEX, job.CALC_VERTEX, job.AGGREGATE_VERTEX, job.SINK_VERTEX)
@@ -156,7 +156,7 @@ def test_every_vertex_runs_at_parallelism_two(flink_cluster, wordcount):  # noqa
 
 
 @pytest.mark.slow
-def test_every_subtask_has_a_named_task_thread(flink_cluster, wordcount):  # noqa: F811
+def test_every_subtask_has_a_named_task_thread(flink_cluster, wordcount):
     (pid,) = flink_cluster.taskmanager_pids()
     threads = {t.name: t.tid for t in jvm_threads(pid)}
     for v in flink_cluster.job_vertices(wordcount.job_id):
@@ -168,7 +168,7 @@ def test_every_subtask_has_a_named_task_thread(flink_cluster, wordcount):  # noq
 
 
 @pytest.mark.slow
-def test_every_record_is_counted_once_and_its_latency_recorded(flink_cluster, wordcount):  # noqa: F811
+def test_every_record_is_counted_once_and_its_latency_recorded(flink_cluster, wordcount):
     wordcount.feeder.join(timeout=60)
     assert wordcount.feeder.records_written == TOTAL
     rest, jid = flink_cluster.rest, wordcount.job_id
@@ -198,16 +198,19 @@ def test_every_record_is_counted_once_and_its_latency_recorded(flink_cluster, wo
 
 
 @pytest.mark.slow
-def test_cancel_ends_the_job(flink_cluster, wordcount):  # noqa: F811
+def test_cancel_ends_the_job(flink_cluster, wordcount):
     assert flink_cluster.cancel(wordcount.job_id) == "CANCELED"
     assert flink_cluster.job_state(wordcount.job_id) == "CANCELED"
 
 
 @pytest.mark.slow
-def test_stop_leaves_no_process_of_the_cluster(flink_cluster):  # noqa: F811
-    pids = [flink_cluster.jobmanager_pid(), *flink_cluster.taskmanager_pids()]
+def test_stop_leaves_no_process_of_the_cluster(tmp_path):
+    # A cluster of its own: the shared one serves the other modules after this one.
+    cluster = FlinkCluster(tmp_path / "own", home=require_flink())
+    cluster.start(taskmanagers=1, slots=1)
+    pids = [cluster.jobmanager_pid(), *cluster.taskmanager_pids()]
     assert None not in pids and len(pids) == 2
-    flink_cluster.stop(keep_logs=True)
-    assert flink_cluster.processes() == []
+    cluster.stop(keep_logs=True)
+    assert cluster.processes() == []
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
-    assert not flink_cluster.conf_dir.exists() and flink_cluster.log_dir.exists()
+    assert not cluster.conf_dir.exists() and cluster.log_dir.exists()

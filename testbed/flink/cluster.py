@@ -43,6 +43,9 @@ from testbed.flink.rest import FlinkRest, FlinkRestError
 
 TM_CLASS = "org.apache.flink.runtime.taskexecutor.TaskManagerRunner"
 JM_CLASS = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint"
+# How long a daemon may be absent from the process table during startup before it
+# counts as exited (see _wait_registered).
+DAEMON_GRACE_SECONDS = 10.0
 TERMINAL_STATES = frozenset({"FINISHED", "CANCELED", "FAILED"})
 _JOB_ID = re.compile(r"JobID ([0-9a-f]{32})")
 _RESOURCE_ID = re.compile(r"taskmanager\.resource-id=(\S+)")
@@ -471,15 +474,25 @@ class FlinkCluster:
     def _wait_registered(self, tm_ids: Sequence[str], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         last_error = "no answer yet"
+        # A daemon is only missing once it stays missing: flink-daemon.sh forks a
+        # shell that execs the JVM, and on a loaded machine the process table can
+        # show the shell, not yet the JVM's command line, for a while.
+        missing_since: float | None = None
         while time.monotonic() < deadline:
-            if self.jobmanager_pid() is None:
-                raise FlinkClusterError(f"the JobManager exited during startup{self._log_tail()}")
             running = self.taskmanagers()
             dead = [t for t in tm_ids if t not in running]
-            if dead:
-                raise FlinkClusterError(
-                    f"TaskManager {', '.join(dead)} exited during startup{self._log_tail()}"
-                )
+            if self.jobmanager_pid() is None or dead:
+                missing_since = missing_since or time.monotonic()
+                if time.monotonic() - missing_since > DAEMON_GRACE_SECONDS:
+                    what = (
+                        "the JobManager"
+                        if self.jobmanager_pid() is None
+                        else (f"TaskManager {', '.join(dead)}")
+                    )
+                    raise FlinkClusterError(f"{what} exited during startup{self._log_tail()}")
+                time.sleep(0.25)
+                continue
+            missing_since = None
             try:
                 registered = {tm["id"] for tm in self.registered_taskmanagers()}
             except FlinkRestError as exc:

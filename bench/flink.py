@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import re
@@ -46,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.cgroups import CgroupTree, CgroupV1
 from agent.config import AgentConfig, EngineConfig
 from agent.engines import make_engines
 from agent.engines.discovery import EngineDiscovery
@@ -66,6 +68,8 @@ from testbed.flink.load import SCENARIOS, TraceFeeder, scenario_rates
 from testbed.live.cluster import CGROUP_V1_CPU, LocalCluster, NodeSpec
 from testbed.live.static import Reservation, Scale, static_caps
 
+log = logging.getLogger(__name__)
+
 CONTENDERS = ("dsched", "static-0.7", "equal", "uncapped")
 JOB_NAME = "dsched-bench"
 PARALLELISM = 2
@@ -76,7 +80,6 @@ SINK_FLUSH_SECONDS = 1.0
 SUBTASK_METRICS = ("numRecordsIn", "accumulateBackPressuredTimeMs")
 # An operator needing less CPU per record than this never sets the peak.
 MIN_CPU_PER_RECORD = 1e-7
-MAX_CAPACITY_CORES_SHARE = 1.0  # of the machine's CPUs
 
 
 class Interrupted(Exception):
@@ -86,7 +89,9 @@ class Interrupted(Exception):
 # ---------------------------------------------------------------- the trace
 
 
-def trace_rates(scenario: str, peak: float, duration: float, trace_slot: float, seed: int):
+def trace_rates(
+    scenario: str, peak: float, duration: float, trace_slot: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Records/s per trace slot (``scenario_rates``) and the levels as fractions of the peak."""
     slots = max(2, round(duration / trace_slot))
     levels = scenario_rates(scenario, 1.0, slots, seed)
@@ -150,6 +155,7 @@ class PhaseData:
     drain_seconds: float = 0.0
     decisions: list[dict[str, Any]] = field(default_factory=list)
     t0_wall: float = 0.0
+    sample_errors: int = 0  # samples that failed (a REST call timed out...) and were skipped
 
 
 @dataclass(frozen=True)
@@ -209,6 +215,15 @@ def measured_latencies(
     return values[keep], written_at[keep]
 
 
+def charged_cap(cap: float | None, capacity_cores: float, share: float) -> tuple[float, bool]:
+    """The cores a subtask is charged with, and whether it has a cap of its own: a
+    cap below the capacity, else (no cgroup, or capped at the whole capacity) an
+    equal share of the capacity."""
+    if cap is not None and cap < capacity_cores - 1e-9:
+        return cap, True
+    return share, False
+
+
 def summarize(
     data: PhaseData,
     window: Window,
@@ -240,10 +255,8 @@ def summarize(
         alloc_now = 0.0
         capped = 0
         for ref in refs:
-            cap = a.caps.get(ref)
-            own = cap is not None and cap < capacity_cores - 1e-9
+            c, own = charged_cap(a.caps.get(ref), capacity_cores, share)
             capped += own
-            c = min(cap, capacity_cores) if own else share
             alloc_now += c
             alloc_by_op[ref[0]] += c * part
             if ref in a.cpu and ref in b.cpu:
@@ -298,10 +311,8 @@ def summarize(
         )
         backpressure.append(round(bp / 1000.0 / dt, 3) if dt > 0 else None)
         for op, n in operators.items():
-            caps = [a.caps.get((op, i)) for i in range(n)]
-            series_ops[op]["cap_cores"].append(
-                round(sum(c if c is not None else share for c in caps), 4)
-            )
+            charged = (charged_cap(a.caps.get((op, i)), capacity_cores, share)[0] for i in range(n))
+            series_ops[op]["cap_cores"].append(round(sum(charged), 4))
             use = sum(max(0.0, b.cpu.get((op, i), 0.0) - a.cpu.get((op, i), 0.0)) for i in range(n))
             series_ops[op]["usage_cores"].append(round(use / dt, 4) if dt > 0 else None)
     for rec in data.decisions:
@@ -344,6 +355,7 @@ def summarize(
             "threads_in_cgroups_mean": round(float(np.mean(threads)), 2) if threads else 0.0,
         },
         "decisions": len(data.decisions),
+        "sample_errors": data.sample_errors,
         "series": {
             "slot_seconds": window.slot,
             "time_s": [round(float(e - w0), 2) for e in edges[:-1]],
@@ -529,7 +541,9 @@ class Sampler:
     """Once a slot: each subtask's CPU (its threads in /proc), its cap (its cgroup),
     Flink's counters (REST), the feeder's count and the sink's new latencies."""
 
-    def __init__(self, job: Job, backend, feeder: TraceFeeder, t0: float, period: float):
+    def __init__(
+        self, job: Job, backend: CgroupTree, feeder: TraceFeeder, t0: float, period: float
+    ):
         self.job, self.backend, self.feeder = job, backend, feeder
         self.t0, self.period = t0, period
         self.data = PhaseData()
@@ -538,7 +552,6 @@ class Sampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench.flink.sampler", daemon=True)
-        self.error: BaseException | None = None
 
     def _cgroup_tids(self, ref: Ref) -> tuple[set[int], float | None]:
         path = self.backend.instance_path(self.job.key(ref), self.job.worker)
@@ -600,8 +613,9 @@ class Sampler:
                 return
             try:
                 self.sample()
-            except Exception as exc:  # noqa: BLE001 - a REST hiccup: the next slot tries again
-                self.error = exc
+            except Exception:  # noqa: BLE001 - a REST hiccup: the next slot tries again
+                log.warning("sample failed", exc_info=True)
+                self.data.sample_errors += 1
 
     def start(self) -> Sampler:
         self.sample()
@@ -621,7 +635,7 @@ def _wait(settings: Settings, seconds: float) -> None:
             raise Interrupted()
 
 
-def release_to(backend, destination: Path) -> None:
+def release_to(backend: CgroupTree, destination: Path) -> None:
     """Move every thread of ``backend``'s tree into ``destination`` (the run's harness
     cgroup, where the TaskManager started) and remove the tree."""
     if not backend.root.is_dir():
@@ -719,7 +733,6 @@ class FlinkBench:
         self.cluster: FlinkCluster | None = None
         self.job: Job | None = None
         self.phases = 0
-        self.written_total = 0  # every record any feeder wrote into the job's input
         self.failed = False
         self._temp_dirs: list[Path] = []
 
@@ -733,7 +746,7 @@ class FlinkBench:
     def latency_dir(self) -> Path:
         return self.settings.workdir / "latency"
 
-    def backend(self):
+    def backend(self) -> CgroupV1:
         return self.reservation.backend(self.settings.cpu_period_us)
 
     def engine_table(self) -> dict[str, Any]:
@@ -866,7 +879,6 @@ class FlinkBench:
                 _wait(s, 0.1)
             feeder.join(0)
             written = feeder.records_written
-            self.written_total += written
             ended = time.monotonic()
             processed = self._drain(base, written)
             drain_seconds = time.monotonic() - ended
@@ -930,8 +942,9 @@ class FlinkBench:
         while seen < written and time.monotonic() < deadline:
             _wait(s, 0.5)
             seen = job.aggregate_in() - base
-        # Flink's metric store refreshes once a second: one more read after it settles.
-        _wait(s, 1.2)
+        # One more read after the metric store's next refreshes, so that the count is
+        # the final one even when the loop above ended on its timeout.
+        _wait(s, 2 * s.metrics_interval_ms / 1000 + 0.2)
         return job.aggregate_in() - base
 
 
@@ -1174,7 +1187,7 @@ def check_args(args: argparse.Namespace) -> list[str]:
             f"got {args.duration:g}"
         )
     cpus = os.cpu_count() or 1
-    if args.capacity_cores > MAX_CAPACITY_CORES_SHARE * cpus:
+    if args.capacity_cores > cpus:
         raise ValueError(
             f"--capacity-cores {args.capacity_cores:g} exceeds this machine's {cpus} CPUs"
         )
@@ -1349,7 +1362,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"dsched bench flink: error: cgroups left behind: {leftover}", file=sys.stderr)
         return code or 1
     if code == 130:
-        console.print("[yellow]interrupted: Flink cluster, daemons and cgroups stopped[/]")
+        console.print(
+            f"[yellow]interrupted: Flink cluster, daemons and cgroups stopped; logs in {workdir}[/]"
+        )
         return code
     if code:
         console.print(f"logs kept in {workdir}")

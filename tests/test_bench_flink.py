@@ -307,8 +307,10 @@ def test_a_short_real_run_applies_caps_loses_nothing_and_leaves_nothing(tmp_path
     require_flink()
     out, work = tmp_path / "flink.json", tmp_path / "work"
     p = subprocess.Popen(
-        [DSCHED, "bench", "flink", "--scenario", "regular", "--duration", "16"]
-        + ["--warmup", "4", "--contenders", "dsched,static-0.7", "--peak-rate", "800"]
+        # dsched's first caps come a few seconds after its daemons start (discovery,
+        # the first counter reads, phi slots of history): 8 s of warm-up.
+        [DSCHED, "bench", "flink", "--scenario", "regular", "--duration", "12"]
+        + ["--warmup", "8", "--contenders", "dsched,static-0.7", "--peak-rate", "800"]
         + ["--drain-timeout", "30", "--json", str(out), "--workdir", str(work)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

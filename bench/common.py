@@ -94,3 +94,18 @@ def reference_seconds(repeats: int = 5) -> float:
         sum(v for k, v in table.items() if k[0] == 7)
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
+
+
+def print_contenders(
+    console: Any, title: str, doc: dict[str, Any], columns: tuple[str, ...]
+) -> None:
+    """One row per contender of ``doc["contenders"]`` with ``columns`` (rich table)."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    t.add_column("contender")
+    for c in columns:
+        t.add_column(c.replace("_", " "), justify="right")
+    for name, c in doc["contenders"].items():
+        t.add_row(name, *(str(c[k]) for k in columns))
+    console.print(t)

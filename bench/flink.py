@@ -54,7 +54,7 @@ from agent.engines.discovery import EngineDiscovery
 from agent.engines.flink import group_threads
 from agent.jvm import jcmd_threads
 from agent.node import NodeAgent
-from bench.common import reference_seconds, write_result
+from bench.common import print_contenders, reference_seconds, write_result
 from bench.live import PEAK_SHARE, cluster_workdir, controller_config, thread_cpu_seconds
 from dsched.engines.flink import FlinkJob
 from dsched.engines.flink import FlinkRest as EngineRest
@@ -1418,9 +1418,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_table(console, doc: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    t = Table(title=f"flink {doc['scenario']}", title_justify="left")
     cols = (
         "cpu_allocated_core_seconds",
         "cpu_used_core_seconds",
@@ -1430,11 +1427,6 @@ def _print_table(console, doc: dict[str, Any]) -> None:
         "latency_ms_p99",
         "backpressured_seconds",
     )
-    t.add_column("contender")
-    for c in cols:
-        t.add_column(c.replace("_", " "), justify="right")
-    for name, c in doc["contenders"].items():
-        t.add_row(name, *(str(c[k]) for k in cols))
-    console.print(t)
+    print_contenders(console, f"flink {doc['scenario']}", doc, cols)
     console.print(f"ratios: {doc['ratios']}")
     console.print(f"targets: {doc['targets']}")

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from agent.registry import InstanceKey
-from bench.common import write_result
+from bench.common import print_contenders, write_result
 from testbed import traces
 from testbed.live import http_monitor as httpmon
 from testbed.live import wordcount as wc
@@ -947,9 +947,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_table(console, doc: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    t = Table(title=f"live {doc['scenario']}", title_justify="left")
     cols = (
         "latency_ms_mean",
         "latency_ms_p99",
@@ -959,10 +956,5 @@ def _print_table(console, doc: dict[str, Any]) -> None:
         "cpu_allocated_core_seconds",
         "cpu_used_core_seconds",
     )
-    t.add_column("contender")
-    for c in cols:
-        t.add_column(c.replace("_", " "), justify="right")
-    for name, c in doc["contenders"].items():
-        t.add_row(name, *(str(c[k]) for k in cols))
-    console.print(t)
+    print_contenders(console, f"live {doc['scenario']}", doc, cols)
     console.print(f"done means: {doc['done_means']}")

@@ -300,6 +300,37 @@ class Observer:
         }
 
 
+def watch_epochs(
+    cluster: LocalCluster,
+    agent_metrics: str,
+    observer: Observer,
+    args: argparse.Namespace,
+    started: float,
+    interrupted: threading.Event,
+    console: Console,
+    on_epoch: Any = None,
+) -> list[dict[str, Any]]:
+    """Until ``args.duration`` has passed since ``started`` (or Ctrl-C): every new
+    decision record with operators, printed as a table unless ``--quiet``; the
+    observer looks once a slot."""
+    records: list[dict[str, Any]] = []
+    last_epoch, next_look = 0, time.monotonic()
+    while time.monotonic() - started < args.duration and not interrupted.is_set():
+        time.sleep(0.25)
+        if time.monotonic() >= next_look:
+            observer.look(cluster.metrics, agent_metrics)
+            next_look = time.monotonic() + args.slot_seconds
+        rec = cluster.plan()
+        if rec and rec["epoch"] != last_epoch and rec["operators"]:
+            last_epoch = rec["epoch"]
+            records.append(rec)
+            if on_epoch is not None:
+                on_epoch(rec)
+            if not args.quiet:
+                console.print(epoch_table(rec))
+    return records
+
+
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
     console = Console()
@@ -385,21 +416,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             topo = LiveTopology(spec, rate, node="local", agent_socket=str(agent.socket))
             topo.start()
-        last_epoch, next_look = 0, time.monotonic()
-        while time.monotonic() - started < args.duration and not interrupted.is_set():
-            time.sleep(0.25)
-            if time.monotonic() >= next_look:
-                observer.look(cluster.metrics, agent.metrics)
-                next_look = time.monotonic() + args.slot_seconds
-            rec = cluster.plan()
-            if rec and rec["epoch"] != last_epoch and rec["operators"]:
-                last_epoch = rec["epoch"]
-                records.append(rec)
-                lag = metric_value(scrape(cluster.metrics), "dsched_history_lag_seconds")
-                if lag is not None:
-                    history_lags.append(lag)
-                if not args.quiet:
-                    console.print(epoch_table(rec))
+
+        def on_epoch(rec: dict[str, Any]) -> None:
+            lag = metric_value(scrape(cluster.metrics), "dsched_history_lag_seconds")
+            if lag is not None:
+                history_lags.append(lag)
+
+        records = watch_epochs(
+            cluster, agent.metrics, observer, args, started, interrupted, console, on_epoch
+        )
         observer.look(cluster.metrics, agent.metrics)  # the last, all instances still running
         stats = topo.stop()
         topo = None

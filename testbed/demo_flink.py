@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from testbed.demo import Observer, _print_summary, cap_errors, epoch_table, triangle_rate
+from testbed.demo import Observer, _print_summary, cap_errors, triangle_rate, watch_epochs
 from testbed.flink import install
 from testbed.flink import metrics as flink_metrics
 from testbed.flink.cluster import TM_CLASS, FlinkCluster
@@ -118,18 +118,9 @@ def run(args: argparse.Namespace, mode: str, console: Console) -> int:
         agent = next(iter(cluster.agents.values()))
         feeder = TraceFeeder(workdir / "input", rate).start()
         started = time.monotonic()
-        last_epoch, next_look = 0, time.monotonic()
-        while time.monotonic() - started < args.duration and not interrupted.is_set():
-            time.sleep(0.25)
-            if time.monotonic() >= next_look:
-                observer.look(cluster.metrics, agent.metrics)
-                next_look = time.monotonic() + args.slot_seconds
-            rec = cluster.plan()
-            if rec and rec["epoch"] != last_epoch and rec["operators"]:
-                last_epoch = rec["epoch"]
-                records.append(rec)
-                if not args.quiet:
-                    console.print(epoch_table(rec))
+        records = watch_epochs(
+            cluster, agent.metrics, observer, args, started, interrupted, console
+        )
         observer.look(cluster.metrics, agent.metrics)
         written = feeder.stop()
         feeder = None

@@ -6,6 +6,8 @@ startup with a :class:`~dsched.config.ConfigError` that names the key.
 
 from __future__ import annotations
 
+import grp
+import os
 import re
 import socket
 from dataclasses import dataclass, field
@@ -19,6 +21,29 @@ from dsched.names import InvalidName, check_name
 from dsched.tls import TlsConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/dsched/agent.toml")
+
+_OCTAL_MODE = re.compile(r"0?[0-7]{3}")
+
+
+def parse_socket_mode(value: str) -> int:
+    """``socket_mode`` as permission bits: three octal digits, optionally after a 0."""
+    if not _OCTAL_MODE.fullmatch(value):
+        raise ConfigError(
+            "socket_mode", f'must be an octal string of permission bits like "0660", got {value!r}'
+        )
+    return int(value, 8)
+
+
+def resolve_group(value: str) -> int:
+    """``socket_group`` as a gid: a group name or a numeric gid; empty is the agent's group."""
+    if not value:
+        return os.getegid()
+    if value.isascii() and value.isdigit():
+        return int(value)
+    try:
+        return grp.getgrnam(value).gr_gid
+    except KeyError:
+        raise ConfigError("socket_group", f"no such group {value!r}") from None
 
 
 class ClientTls(TlsConfig):
@@ -154,6 +179,12 @@ class AgentConfig:
     metrics: str = "127.0.0.1:9709"
     # Unix socket where instances register their threads.
     socket: str = "/run/dsched/agent.sock"
+    # File mode of the socket (octal): who may connect at all. Whatever the
+    # mode, an instance key belongs to the uid that registered it
+    # (docs/agent.md, "Registration socket").
+    socket_mode: str = "0660"
+    # Group of the socket (name or number); empty: the agent's own.
+    socket_group: str = ""
     # Measure and report, never write a cgroup.
     dry_run: bool = False
     # One report per slot; the controller's slot wins once connected.
@@ -205,6 +236,8 @@ class AgentConfig:
             self.fallback in FALLBACK_POLICIES, "fallback", f"one of {', '.join(FALLBACK_POLICIES)}"
         )
         require(bool(self.socket), "socket", "must not be empty")
+        parse_socket_mode(self.socket_mode)
+        resolve_group(self.socket_group)
         require(self.slot_seconds > 0, "slot_seconds", "must be > 0")
         require(self.sample_seconds > 0, "sample_seconds", "must be > 0")
         require(

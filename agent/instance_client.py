@@ -9,6 +9,11 @@ all live instances again (that is how an agent restart is survived).
 Names are checked on the spot (ValueError), because a bad name is a bug in the
 instance, not a condition to retry.
 
+An instance key belongs to the uid that registered it first: a key another uid
+holds is refused (``not_owner``, in :attr:`AgentClient.rejections` and the log),
+and so is a process of another uid (``foreign_process``). The client does not
+retry a refused registration until it reconnects.
+
 Counter updates of all instances go out as ``updates`` batches (one line and one
 reply per flush, see :mod:`agent.socket_server`). An agent that does not know
 the batch form answers ``unknown op``; the client then sends single ``update``
@@ -96,8 +101,9 @@ class AgentClient:
             "instance": instance,
             "worker": worker,
             "stateful": stateful,
-            # Another process's thread (an instance's CPU worker, say) may
-            # only be registered by root; the agent checks peer credentials.
+            # Another process's thread (an instance's CPU worker, say) may be
+            # named only when that process runs as this one's uid (or this one
+            # is root): the agent checks the socket's peer credentials.
             "pid": os.getpid() if pid is None else pid,
             "tid": tid,
             "upstream": list(upstream),

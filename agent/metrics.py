@@ -93,6 +93,13 @@ class AgentMetrics:
             ("reason",),
             registry=r,
         )
+        self.registration_refused = Counter(
+            "dsched_agent_registration_refused",
+            "Socket operations refused because the peer's uid does not own the instance "
+            "(not_owner) or the process it named (foreign_process), by op and reason",
+            ("op", "reason"),
+            registry=r,
+        )
         self.instance_messages = Counter(
             "dsched_agent_instance_messages",
             "Messages read from the registration socket, by op (a batch counts once)",

@@ -7,6 +7,12 @@ checked here before the agent believes it: names must be safe path components
 (they become cgroup directories), counters must be finite, non-negative and
 never go backwards. A refused update keeps the last good counters, so nothing
 already known is lost.
+
+Ownership: a record registered over the socket carries the uid that registered
+it (``owner_uid``). A record the agent found itself (rules, engines, re-adopted
+cgroups) has none and belongs to the uid of its process (see :func:`owner_of`).
+Updates given a ``uid`` are applied only by the owner, under the same lock as
+the update, so a key cannot change hands between the check and the write.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -39,6 +46,24 @@ class RegistrationError(ValueError):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
         self.reason = reason
+
+
+class NotOwner(RegistrationError):
+    """A socket peer acted on an instance that belongs to another uid."""
+
+    def __init__(self, op: str, key: InstanceKey, uid: int, owner: int | None):
+        whose = "no live process" if owner is None else f"uid {owner}"
+        super().__init__(
+            "not_owner", f"instance {key} belongs to {whose}; uid {uid} may not {op} it"
+        )
+        self.op = op
+        self.key = key
+        self.uid = uid
+        self.owner = owner
+
+
+# pid -> the uid that owns that process, None when it is gone (agent.socket_server).
+ProcessOwner = Callable[[int], "int | None"]
 
 
 class Counters(NamedTuple):
@@ -71,6 +96,25 @@ class InstanceRecord:
     # The engine kind ("flink") for instances an engine found: the report says so, and
     # the controller takes their counters from that engine's adapter, not from here.
     engine: str = ""
+    # The uid that registered it over the socket; None for the agent's own findings,
+    # which belong to their process's uid instead (owner_of).
+    owner_uid: int | None = None
+
+
+def owner_of(rec: InstanceRecord, process_owner: ProcessOwner | None) -> int | None:
+    """The uid ``rec`` belongs to; None when nobody can be named (its process is gone)."""
+    if rec.owner_uid is not None:
+        return rec.owner_uid
+    return None if process_owner is None else process_owner(rec.pid)
+
+
+def check_owner(op: str, rec: InstanceRecord, uid: int, process_owner: ProcessOwner | None) -> None:
+    """Raise :class:`NotOwner` unless ``uid`` owns ``rec``."""
+    if rec.owner_uid == uid:
+        return
+    owner = owner_of(rec, process_owner)
+    if owner != uid:
+        raise NotOwner(op, rec.key, uid, owner)
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -181,7 +225,13 @@ class Registry:
         return self._generation
 
     def update_named(
-        self, app: Any, operator: Any, instance: Any, values: dict[str, Any]
+        self,
+        app: Any,
+        operator: Any,
+        instance: Any,
+        values: dict[str, Any],
+        uid: int | None = None,
+        process_owner: ProcessOwner | None = None,
     ) -> Counters:
         """:meth:`update` for names as they arrive from an instance, checked only when
         they do not name a registered instance exactly.
@@ -193,14 +243,22 @@ class Registry:
             with self._lock:
                 rec = self._records.get((app, operator, instance))
                 if rec is not None:
+                    if uid is not None and rec.owner_uid != uid:
+                        check_owner("update", rec, uid, process_owner)
                     rec.counters = check_counters(values, rec.counters)
                     return rec.counters
-        return self.update(make_key(app, operator, instance), values)
+        return self.update(make_key(app, operator, instance), values, uid, process_owner)
 
-    def update_many(self, items: list[Any]) -> list[tuple[int, RegistrationError]]:
+    def update_many(
+        self,
+        items: list[Any],
+        uid: int | None = None,
+        process_owner: ProcessOwner | None = None,
+    ) -> list[tuple[int, RegistrationError]]:
         """Apply a batch of updates under one lock; each item is a dict with ``app``,
         ``operator``, ``instance`` and the counters. Returns the refused items as
-        (index, error); the others are applied."""
+        (index, error); the others are applied. With ``uid``, an item for an instance
+        another uid owns is refused (:class:`NotOwner`)."""
         refused: list[tuple[int, RegistrationError]] = []
         records = self._records
         with self._lock:
@@ -223,6 +281,8 @@ class Registry:
                             raise RegistrationError(
                                 "unknown_instance", f"update for unregistered instance {key}"
                             )
+                    if uid is not None and rec.owner_uid != uid:
+                        check_owner("update", rec, uid, process_owner)
                     rec.counters = check_counters(item, rec.counters)
                 except RegistrationError as exc:
                     refused.append((index, exc))
@@ -329,15 +389,33 @@ class Registry:
             self._generation += 1
             return _copy(rec), True
 
-    def update(self, key: InstanceKey, values: dict[str, Any]) -> Counters:
+    def update(
+        self,
+        key: InstanceKey,
+        values: dict[str, Any],
+        uid: int | None = None,
+        process_owner: ProcessOwner | None = None,
+    ) -> Counters:
         with self._lock:
             rec = self._records.get(key)
             if rec is None:
                 raise RegistrationError(
                     "unknown_instance", f"update for unregistered instance {key}"
                 )
+            if uid is not None and rec.owner_uid != uid:
+                check_owner("update", rec, uid, process_owner)
             rec.counters = check_counters(values, rec.counters)
             return rec.counters
+
+    def claim(self, key: InstanceKey, uid: int, pid: int) -> bool:
+        """Make ``uid`` the owner of ``key`` if its record is of process ``pid`` (the one
+        just registered); False when the record is gone or another process's."""
+        with self._lock:
+            rec = self._records.get(key)
+            if rec is None or rec.pid != pid:
+                return False
+            rec.owner_uid = uid
+            return True
 
     def unregister(self, key: InstanceKey) -> InstanceRecord | None:
         with self._lock:

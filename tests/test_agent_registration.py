@@ -224,11 +224,11 @@ def test_client_without_agent_never_blocks_and_registers_once_agent_appears(tmp_
         t.join()
 
 
-def test_non_root_peer_may_not_register_foreign_threads(served):
-    agent, _server, path = served
+def test_a_peer_may_register_only_processes_of_its_own_uid(served):
+    agent, _server, _path = served
     t = WorkerThread()
     try:
-        from agent.socket_server import handle_message
+        from agent.socket_server import Peer, handle_message
 
         msg = {
             "op": "register",
@@ -240,8 +240,21 @@ def test_non_root_peer_may_not_register_foreign_threads(served):
             "pid": os.getpid(),
             "tid": t.tid,
         }
-        reply = handle_message(agent, msg, peer_pid=os.getpid() + 1, peer_uid=1000)
-        assert reply == {"ok": False, "reason": "pid_mismatch", "error": reply["error"]}
-        assert handle_message(agent, msg, peer_pid=os.getpid(), peer_uid=1000) == {"ok": True}
+        # The kernel's pid for the peer equals the named pid, as it would after the
+        # peer's process exited and a root process got its pid: the named process's
+        # owner decides, not the pid the peer connected with.
+        reply = handle_message(agent, msg, Peer(pid=os.getpid(), uid=1000))
+        assert reply == {"ok": False, "reason": "foreign_process", "error": reply["error"]}
+        assert len(agent.registry) == 0
+        assert (
+            agent.metrics.registry.get_sample_value(
+                "dsched_agent_registration_refused_total",
+                {"op": "register", "reason": "foreign_process"},
+            )
+            == 1
+        )
+        # Root may name any process.
+        assert handle_message(agent, msg, Peer(pid=os.getpid() + 1, uid=0)) == {"ok": True}
+        assert agent.registry.get(InstanceKey("wc", "c", 0)).owner_uid == 0
     finally:
         t.join()

@@ -7,6 +7,12 @@ slot it closes the instance's slot for the report and takes the node's sample
 nothing: threads that exited are handed back to the caller, which updates the
 registry and the cgroups. docs/agent.md, "Counters" and "Overhead", say what is
 read and why it is read this way.
+
+Files are opened by pid and tid number only when the list of threads is
+rebuilt, and only after the process's start time was found to be the one its
+record keeps: an instance whose pid now names another process is handed back
+as gone, never read. A file once opened stays bound to its thread; after the
+thread exits it fails to read, whatever the kernel does with the number.
 """
 
 from __future__ import annotations
@@ -20,7 +26,14 @@ import psutil
 
 from agent.metrics import instance_labels
 from agent.registry import InstanceRecord, Registry
-from agent.sampling import NetlinkInterfaces, NodeCpu, Resctrl, ThreadCpuReader, read_pressure
+from agent.sampling import (
+    NetlinkInterfaces,
+    NodeCpu,
+    Resctrl,
+    ThreadCpuReader,
+    process_start_ticks,
+    read_pressure,
+)
 from dsched.ids import InstanceKey
 from dsched_pb import dsched_pb2 as pb
 
@@ -79,11 +92,16 @@ class LostThreads:
     ``exited`` names the threads themselves: by the time the caller acts, another
     unit (an engine's discovery) may have changed the instance's threads, and only
     these must leave it.
+
+    ``stale``: (pid, start time) of a record whose pid names another process now
+    (its start time differs): that process is gone, whatever threads the number
+    shows. The caller forgets the instance if its record is still that one.
     """
 
     key: InstanceKey
     live: frozenset[int]
     exited: frozenset[int] = frozenset()
+    stale: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +131,7 @@ class CpuSampler:
         capacity_limit: float = 0.0,
     ):
         self.registry = registry
+        self.proc_root = proc_root
         self.thread_cpu = ThreadCpuReader(proc_root)
         self.node_cpu = NodeCpu()
         self.net = NetlinkInterfaces()
@@ -132,7 +151,7 @@ class CpuSampler:
         started = time.monotonic() if started is None else started
         dt = started - self._last_sample
         self._last_sample = started
-        rebuilt = self._rebuild_plan()
+        rebuilt, lost = self._rebuild_plan()
         # The innermost loop runs once per thread per sample: look-ups hoisted.
         pread, size, seconds_from = (
             os.pread,
@@ -168,7 +187,6 @@ class CpuSampler:
             else:
                 cpu.at_slot_start, cpu.slot_started, cpu.sampled = total, started, True
             cpu.at_last_sample = total
-        lost = []
         for inst, exited in lost_threads:
             for tid in exited:
                 self.thread_cpu.forget(inst.pid, tid)
@@ -176,25 +194,63 @@ class CpuSampler:
             lost.append(LostThreads(inst.key, live, frozenset(exited)))
         return SamplePass(rebuilt, lost)
 
-    def _rebuild_plan(self) -> list[InstanceRecord]:
-        """Rebuild the instances and threads to read if the registry changed; the records read."""
+    def _rebuild_plan(self) -> tuple[list[InstanceRecord], list[LostThreads]]:
+        """Rebuild the instances and threads to read if the registry changed.
+
+        Returns the records read, and the instances whose pid names another
+        process now (not read; handed back as gone).
+        """
         if self.registry.generation == self._plan_generation:
-            return []
+            return [], []
         generation, records = self.registry.versioned_snapshot()
+        # Each process's start time, read once per rebuild, before any of its files
+        # is opened by number.
+        started: dict[int, int | None] = {}
+        stale: list[LostThreads] = []
+        exited: set[InstanceKey] = set()
+        for rec in records:
+            if rec.start_time is None:
+                continue
+            if rec.pid not in started:
+                started[rec.pid] = process_start_ticks(self.proc_root, rec.pid)
+            now = started[rec.pid]
+            if now is None:
+                # Gone: nothing is opened under its pid, and its threads leave as exited.
+                exited.add(rec.key)
+            elif now != rec.start_time:
+                stale.append(
+                    LostThreads(
+                        rec.key,
+                        frozenset(),
+                        frozenset(rec.tids),
+                        stale=(rec.pid, rec.start_time),
+                    )
+                )
+        if stale:
+            gone = {lost.key for lost in stale}
+            records = [rec for rec in records if rec.key not in gone]
+            # Files kept open under such a pid may be the old process's (dead) ones.
+            for pid in {lost.stale[0] for lost in stale if lost.stale is not None}:
+                self.thread_cpu.forget_process(pid)
         plan = []
         for rec in records:
             cpu = self._cpu.get(rec.key)
             if cpu is None:
                 cpu = self._cpu[rec.key] = InstanceCpu()
             cpu.keep_only(rec.tids)
-            threads = tuple((tid, self.thread_cpu.open(rec.pid, tid)) for tid in sorted(rec.tids))
+            if rec.key in exited:
+                threads = tuple((tid, -1) for tid in sorted(rec.tids))
+            else:
+                threads = tuple(
+                    (tid, self.thread_cpu.open(rec.pid, tid)) for tid in sorted(rec.tids)
+                )
             labels = instance_labels(rec.key, rec.worker)
             plan.append(SampledInstance(rec.key, rec.pid, threads, labels, cpu))
         # Stat files of threads no longer managed are closed here, on the sampling
         # thread that owns the reader, never while a pass might read them.
         self.thread_cpu.retain({(i.pid, tid) for i in plan for tid, _fd in i.threads})
         self._plan, self._plan_generation = plan, generation
-        return records
+        return records, stale
 
     def forget(self, key: InstanceKey) -> None:
         self._cpu.pop(key, None)

@@ -5,6 +5,11 @@ threads by a regex over thread names, with named groups ``operator``,
 ``instance`` (and ``app``, unless the rule fixes it). Linux cuts a thread's
 ``comm`` at 15 characters, so for JVMs (``jvm = true``) full names come from
 ``jcmd <pid> Thread.print``, where ``nid=0x..`` is the OS thread id.
+
+The process's start time is read when its command line matches and goes with
+every registration from it: if the pid names another process by the time the
+threads are registered, the registration is refused instead of taking that
+process's threads.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from agent.config import DiscoveryRule
 from agent.jvm import JcmdError, is_jvm, jcmd_threads, parse_jcmd_threads
 from agent.node import NodeAgent
 from agent.registry import RegistrationError
+from agent.sampling import process_start_ticks
 
 log = logging.getLogger(__name__)
 
@@ -102,17 +108,32 @@ def match_threads(rule: DiscoveryRule, pid: int, threads: dict[int, str]) -> lis
     return found
 
 
-def matching_processes(rule: DiscoveryRule, processes: Iterable[psutil.Process]) -> list[int]:
+def matching_processes(
+    rule: DiscoveryRule, processes: Iterable[psutil.Process], proc_root: str | Path = "/proc"
+) -> list[tuple[int, int]]:
+    """(pid, start time) of the processes whose command line the rule selects.
+
+    The command line of a match is read again after its start time: the start
+    time kept is then that of a process the rule selects, or of an earlier one
+    under the same pid, which the registration refuses.
+    """
     pattern = re.compile(rule.cmdline)
-    pids = []
-    for proc in processes:
+
+    def selected(proc: psutil.Process) -> bool:
         try:
             cmdline = " ".join(proc.cmdline())
         except (psutil.Error, OSError):
+            return False
+        return bool(cmdline and pattern.search(cmdline))
+
+    found = []
+    for proc in processes:
+        if not selected(proc):
             continue
-        if cmdline and pattern.search(cmdline):
-            pids.append(proc.pid)
-    return pids
+        started = process_start_ticks(proc_root, proc.pid)
+        if started is not None and selected(proc):
+            found.append((proc.pid, started))
+    return found
 
 
 class RuleDiscovery:
@@ -127,7 +148,7 @@ class RuleDiscovery:
         registered = []
         processes = list(psutil.process_iter())
         for rule in self.rules:
-            for pid in matching_processes(rule, processes):
+            for pid, started in matching_processes(rule, processes, self.proc_root):
                 threads = (
                     jvm_threads(pid, proc_root=self.proc_root)
                     if rule.jvm
@@ -144,6 +165,7 @@ class RuleDiscovery:
                             m.pid,
                             m.tid,
                             source="rule",
+                            start_time=started,
                         )
                         registered.append(m)
                     except RegistrationError:

@@ -7,6 +7,11 @@ directory's scheduling weight follows the threads below it; cgroups whose
 threads are gone are removed, at once or, while threads linger, on every later
 sample. docs/agent.md, "Cgroup layout", describes the tree.
 
+Threads are moved by number, so before it moves any, the enforcer checks that
+the instance's pid still names the process its record was made for (the same
+start time); if not, nothing is moved and the sampler's next rebuild hands the
+instance back as gone.
+
 Every other unit reads what the enforcer holds (``caps``, ``cgroups``) under
 ``lock`` and never touches the backend itself.
 """
@@ -21,7 +26,7 @@ from pathlib import Path
 from agent.cgroups import CgroupError, CgroupTree, ThreadGone, Throttling
 from agent.metrics import AgentMetrics, instance_labels
 from agent.registry import InstanceRecord, Registry
-from agent.sampling import thread_group
+from agent.sampling import process_start_ticks, thread_group
 from dsched.ids import InstanceKey
 from dsched.names import InvalidName
 
@@ -37,6 +42,7 @@ class CapEnforcer:
     metrics: AgentMetrics
     capacity_cores: float
     dry_run: bool = False
+    proc_root: str = "/proc"
     caps: dict[InstanceKey, float] = field(default_factory=dict, init=False)
     cgroups: dict[InstanceKey, Path] = field(default_factory=dict, init=False)
     # Re-entrant: a directive holds it across every entry it applies.
@@ -47,6 +53,9 @@ class CapEnforcer:
         default_factory=dict, init=False, repr=False
     )
     _weights_written: dict[Path, int] = field(default_factory=dict, init=False, repr=False)
+    # Instances whose threads were refused because their pid names another process
+    # (logged once each, until forgotten).
+    _refused: set[InstanceKey] = field(default_factory=set, init=False, repr=False)
 
     def limit_root(self) -> None:
         """Cap the whole tree at ``capacity_cores``, so the kernel grants what is planned with."""
@@ -93,10 +102,18 @@ class CapEnforcer:
                 if labels is not None:
                     self.metrics.forget_instance(labels)
                 return
+            checked = False
             if path is None:
+                # The cgroup is made beside the process's own: it must be the right one.
+                if not self._same_process(rec):
+                    raise ThreadGone(
+                        f"process {rec.pid} of {key} exited or its pid names another "
+                        "process now; nothing capped"
+                    )
+                checked = True
                 path = self.backend.create(key, rec.worker, rec.pid)
                 self.cgroups[key] = path
-            attached = self._attach(rec, path)
+            attached = self._attach(rec, path, checked)
             if not attached and self.backend.mode != "none":
                 self.cgroups.pop(key, None)
                 self._attached.pop(key, None)
@@ -136,6 +153,7 @@ class CapEnforcer:
             path = self.cgroups.pop(key, None)
             cap = self.caps.pop(key, None)
             self._attached.pop(key, None)
+            self._refused.discard(key)
             labels = self._cap_labels.pop(key, None)
         if labels is not None:
             self.metrics.forget_instance(labels)
@@ -202,10 +220,40 @@ class CapEnforcer:
         self.backend.set_cap(path, cap)
         self.metrics.cap_writes.inc()
 
-    def _attach(self, rec: InstanceRecord, path: Path) -> set[int]:
-        """Move the instance's threads into its cgroup; vanished ones are skipped quietly."""
+    def _same_process(self, rec: InstanceRecord) -> bool:
+        """True when ``rec.pid`` still names the process ``rec`` was made for (or when
+        its start time is unknown); False when that process is gone, its pid free or
+        given to another process."""
+        if rec.start_time is None:
+            return True
+        now = process_start_ticks(self.proc_root, rec.pid)
+        if now == rec.start_time:
+            return True
+        if now is None:
+            log.debug("process %d of %s is gone; no thread moved", rec.pid, rec.key)
+        elif rec.key not in self._refused:
+            self._refused.add(rec.key)
+            log.warning(
+                "not moving threads of %s: pid %d names another process now "
+                "(started at tick %d, not %d)",
+                rec.key,
+                rec.pid,
+                now,
+                rec.start_time,
+            )
+        return False
+
+    def _attach(self, rec: InstanceRecord, path: Path, checked: bool = False) -> set[int]:
+        """Move the instance's threads into its cgroup; vanished ones are skipped quietly.
+
+        Nothing is moved unless ``rec.pid`` is still the process ``rec`` was made
+        for (``checked``: the caller has just found it is).
+        """
         attached = self._attached.setdefault(rec.key, set())
-        for tid in sorted(rec.tids - attached):
+        todo = rec.tids - attached
+        if todo and not checked and not self._same_process(rec):
+            return attached
+        for tid in sorted(todo):
             try:
                 self.backend.attach(path, rec.pid, tid)
                 attached.add(tid)

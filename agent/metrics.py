@@ -81,6 +81,12 @@ class AgentMetrics:
             "Instance cgroups removed because their threads were gone",
             registry=r,
         )
+        self.pid_reused = Counter(
+            "dsched_agent_pid_reused",
+            "Instances forgotten because their process was gone and its pid named another "
+            "process (a different start time); none of that process's threads were moved",
+            registry=r,
+        )
         self.rejected_directives = Counter(
             "dsched_agent_rejected_directives",
             "Directive entries refused, by reason",

@@ -8,7 +8,8 @@ it hands each call to the unit whose job it is:
   the :class:`~agent.registry.Registry`; engines (``agent.engines``) register
   whole thread sets through the registry and :meth:`NodeAgent.forget`;
 - ``sample()`` every ``sample_seconds``: the :class:`~agent.cpu_sampler.CpuSampler`
-  reads, then threads that exited leave the registry and the cgroups;
+  reads, then threads that exited leave the registry and the cgroups, and so do
+  instances whose pid was given to another process (a different start time);
 - ``report()`` every ``slot_seconds`` and ``hello()``: the
   :class:`~agent.reporter.Reporter`;
 - ``handle_directive()``: :func:`agent.directives.handle_directive` over the
@@ -18,10 +19,11 @@ it hands each call to the unit whose job it is:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ from agent.lease import Lease
 from agent.metrics import AgentMetrics
 from agent.registry import InstanceRecord, RegistrationError, Registry, make_key
 from agent.reporter import Reporter
-from agent.sampling import ThreadCpuReader, thread_alive
+from agent.sampling import ThreadCpuReader, process_start_ticks, thread_alive
 from dsched.ids import InstanceKey
 from dsched_pb import dsched_pb2 as pb
 
@@ -59,7 +61,8 @@ class NodeAgent:
                 config.dry_run,
             )
             log.info("enforcement: %s", why)
-        self.registry = Registry()
+        # Every record keeps its process's start time, read under proc_root.
+        self.registry = Registry(functools.partial(process_start_ticks, config.proc_root))
         self.sampler = CpuSampler(
             self.registry,
             config.proc_root,
@@ -68,7 +71,12 @@ class NodeAgent:
             capacity_limit=config.capacity_cores,
         )
         self.enforcer = CapEnforcer(
-            backend, self.registry, self.metrics, self.sampler.capacity_cores, config.dry_run
+            backend,
+            self.registry,
+            self.metrics,
+            self.sampler.capacity_cores,
+            config.dry_run,
+            config.proc_root,
         )
         if config.capacity_cores > 0:
             self.enforcer.limit_root()
@@ -133,7 +141,15 @@ class NodeAgent:
         tid: Any,
         source: str = "registration",
         upstream: Any = (),
+        start_time: int | None = None,
     ) -> InstanceRecord:
+        """Register thread ``tid`` of process ``pid`` as the instance's.
+
+        ``start_time``: when the caller found the process (clock ticks after boot,
+        as :func:`~agent.sampling.process_start_ticks` reads it); the registration
+        is refused if ``pid`` names another process by now. Either way the record
+        keeps the start time of the process the thread belongs to.
+        """
         try:
             key = make_key(app, operator, instance)
             if (
@@ -144,7 +160,15 @@ class NodeAgent:
                 raise RegistrationError(
                     "no_such_thread", f"thread {tid} of process {pid} does not exist"
                 )
-            rec = self.registry.register(key, worker, stateful, pid, tid, source, upstream)
+            started = process_start_ticks(self.config.proc_root, pid)
+            if started is None or (start_time is not None and started != start_time):
+                raise RegistrationError(
+                    "no_such_thread", f"process {pid} exited (its pid may name another one now)"
+                )
+            self._forget_if_reused(key, pid, started)
+            rec = self.registry.register(
+                key, worker, stateful, pid, tid, source, upstream, start_time=started
+            )
         except RegistrationError as exc:
             self._reject(exc)
             raise
@@ -177,6 +201,21 @@ class NodeAgent:
             raise
         self._forget(key, release=True)
 
+    def _forget_if_reused(self, key: InstanceKey, pid: int, started: int) -> None:
+        """A record of ``key`` made for an earlier process with this pid is gone: forget it
+        before a thread of the process now running under the pid registers."""
+        process = self.registry.process(key)
+        if process is None or process[0] != pid or process[1] in (None, started):
+            return
+        with self.instances_lock:
+            current = self.registry.get(key)
+            if (
+                current is not None
+                and current.pid == pid
+                and current.start_time not in (None, started)
+            ):
+                self._forget_reused([current])
+
     def _reject(self, exc: RegistrationError) -> None:
         self.metrics.rejected_messages.labels(exc.reason).inc()
         log.warning("refused instance message (%s): %s", exc.reason, exc)
@@ -195,6 +234,35 @@ class NodeAgent:
 
     def _forget(self, key: InstanceKey, release: bool) -> None:
         self.forget(key, release)
+
+    def _threads_gone(self, key: InstanceKey) -> None:
+        """The instance's process is gone: forget it, its cap not lifted (nothing of it
+        runs), and tell the listeners."""
+        rec, cap = self.forget(key, release=False)
+        if rec is not None:
+            for listener in self.threads_gone_listeners:
+                listener(rec, cap)
+
+    def _forget_reused(self, stale: Sequence[InstanceRecord]) -> None:
+        """Forget instances whose pid names another process now, as if their threads had
+        exited (they have); logged once per process, counted per instance."""
+        by_process: dict[tuple[int, int | None], list[InstanceKey]] = {}
+        for rec in stale:
+            by_process.setdefault((rec.pid, rec.start_time), []).append(rec.key)
+        for (pid, start), keys in by_process.items():
+            shown = ", ".join(str(k) for k in keys[:5])
+            more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+            log.warning(
+                "process %d (started at tick %s) is gone and its pid names another process "
+                "now; forgetting %s%s",
+                pid,
+                start,
+                shown,
+                more,
+            )
+            for key in keys:
+                self.metrics.pid_reused.inc()
+                self._threads_gone(key)
 
     def refresh_gauges(self) -> None:
         """Instances and threads managed, after a change made outside ``register``."""
@@ -233,21 +301,27 @@ class NodeAgent:
         with self.instances_lock:
             for rec in found.rebuilt:
                 self.enforcer.attach_new_threads(rec)
+            reused: list[InstanceRecord] = []
             for lost in found.lost:
                 # Only the threads that exited leave: an engine's discovery may have
                 # changed the instance (new threads, a new process) since the pass.
                 current = self.registry.get(lost.key)
                 if current is None:
                     continue
+                if lost.stale is not None:
+                    # Still the record of the process that is gone: all of it goes. A
+                    # record made since is another process's, and none of it was read.
+                    if (current.pid, current.start_time) == lost.stale:
+                        reused.append(current)
+                    continue
                 live = current.tids - lost.exited if lost.exited else set(lost.live)
                 if live:
                     self.registry.set_tids(lost.key, live)
                     continue
                 log.info("threads of %s are gone; forgetting it", lost.key)
-                rec, cap = self.forget(lost.key, release=False)
-                if rec is not None:
-                    for listener in self.threads_gone_listeners:
-                        listener(rec, cap)
+                self._threads_gone(lost.key)
+            if reused:
+                self._forget_reused(reused)
             self.enforcer.remove_orphans()
         self._refresh_gauges()
         self.metrics.sample_duration.observe(time.monotonic() - started)

@@ -64,6 +64,8 @@ class NotOwner(RegistrationError):
 
 # pid -> the uid that owns that process, None when it is gone (agent.socket_server).
 ProcessOwner = Callable[[int], "int | None"]
+# pid -> when that process started (clock ticks after boot), None when it is gone.
+StartTime = Callable[[int], "int | None"]
 
 
 class Counters(NamedTuple):
@@ -99,6 +101,10 @@ class InstanceRecord:
     # The uid that registered it over the socket; None for the agent's own findings,
     # which belong to their process's uid instead (owner_of).
     owner_uid: int | None = None
+    # When ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22), read when
+    # the record was made: with the pid it names the process for good, so a pid the
+    # kernel gave to another process is told apart. None: unknown, not checked.
+    start_time: int | None = None
 
 
 def owner_of(rec: InstanceRecord, process_owner: ProcessOwner | None) -> int | None:
@@ -209,9 +215,15 @@ class Registry:
     ``generation`` changes whenever the set of instances or of their threads
     changes (never for counter updates), so the sampler rebuilds its view of
     the threads only after a change instead of copying every record each pass.
+
+    ``start_time`` reads when a process started (``agent.sampling.process_start_ticks``);
+    a new record takes its process's start time from it unless the caller gives
+    one. A record keeps that start time while threads join it: a later check
+    (sampler, enforcer) finds out when its pid has come to name another process.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, start_time: StartTime | None = None) -> None:
+        self._start_time = start_time
         self._lock = threading.Lock()
         # Only keys that passed make_key get in. A key is a tuple, so names as they
         # arrive on the wire find their record directly: an exact-type hit needs
@@ -297,6 +309,7 @@ class Registry:
         tid: Any,
         source: str = "registration",
         upstream: Any = (),
+        start_time: int | None = None,
     ) -> InstanceRecord:
         if not isinstance(upstream, list | tuple):
             raise RegistrationError("bad_field", "upstream must be a list of operator names")
@@ -326,7 +339,16 @@ class Registry:
                 return _copy(rec)
             if rec is not None:
                 self._threads -= len(rec.tids)
-            rec = InstanceRecord(key, worker, stateful, pid, {tid}, source, upstream=upstream)
+            rec = InstanceRecord(
+                key,
+                worker,
+                stateful,
+                pid,
+                {tid},
+                source,
+                upstream=upstream,
+                start_time=self._started(pid, start_time),
+            )
             self._records[key] = rec
             self._threads += 1
             self._generation += 1
@@ -342,6 +364,7 @@ class Registry:
         source: str,
         upstream: tuple[str, ...] = (),
         engine: str = "",
+        start_time: int | None = None,
     ) -> tuple[InstanceRecord, bool]:
         """Register ``key`` with exactly ``tids``, or make a known record's threads ``tids``.
 
@@ -383,11 +406,18 @@ class Registry:
                 source,
                 upstream=upstream,
                 engine=engine,
+                start_time=self._started(pid, start_time),
             )
             self._records[key] = rec
             self._threads += len(tids)
             self._generation += 1
             return _copy(rec), True
+
+    def _started(self, pid: int, given: int | None) -> int | None:
+        """The start time a new record of ``pid`` keeps: ``given``, else read now."""
+        if given is not None or self._start_time is None:
+            return given
+        return self._start_time(pid)
 
     def update(
         self,
@@ -437,6 +467,12 @@ class Registry:
         with self._lock:
             rec = self._records.get(key)
             return None if rec is None else _copy(rec)
+
+    def process(self, key: InstanceKey) -> tuple[int, int | None] | None:
+        """(pid, start time) of ``key``'s record, without copying it; None if unknown."""
+        with self._lock:
+            rec = self._records.get(key)
+            return None if rec is None else (rec.pid, rec.start_time)
 
     def snapshot(self) -> list[InstanceRecord]:
         return self.versioned_snapshot()[1]

@@ -111,6 +111,11 @@ class ThreadCpuReader:
         if fd is not None:
             os.close(fd)
 
+    def forget_process(self, pid: int) -> None:
+        """Close every file opened under ``pid`` (it may name another process now)."""
+        for key in [k for k in self._fds if k[0] == pid]:
+            self.forget(*key)
+
     def retain(self, wanted: set[tuple[int, int]]) -> None:
         """Close the files of every (pid, tid) not in ``wanted``."""
         for key in [k for k in self._fds if k not in wanted]:
@@ -123,6 +128,35 @@ class ThreadCpuReader:
     def close(self) -> None:
         for key in list(self._fds):
             self.forget(*key)
+
+
+# /proc/<pid>/stat is one line well under 1 KiB (52 fields of at most 20 digits and a
+# comm of at most 64 bytes).
+PROCESS_STAT_READ_BYTES = 1536
+
+
+def stat_start_ticks(raw: bytes) -> int:
+    """Field 22 (starttime: clock ticks after boot) of a /proc/<pid>/stat text;
+    IndexError or ValueError when it is not one."""
+    # After the comm's last ')' come field 3 (state) onwards: field 22 is the 20th.
+    return int(raw[raw.rfind(b")") + 2 :].split(b" ", 20)[19])
+
+
+def process_start_ticks(proc_root: str | Path, pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks after boot; None when it is gone.
+
+    A pid and its start time name one process for good: the kernel may give an
+    exited process's pid to a new one, never with the same start time.
+    """
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as fh:
+            raw = fh.read(PROCESS_STAT_READ_BYTES)
+    except OSError:
+        return None
+    try:
+        return stat_start_ticks(raw)
+    except (IndexError, ValueError):
+        return None
 
 
 def thread_alive(proc_root: str | Path, pid: int, tid: int) -> bool:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from predict.queueing import (
+    DEFAULT_WAIT_MODEL,
     WAIT_MODELS,
     allen_cunneen_wait,
     allen_cunneen_wait_array,
@@ -107,9 +108,12 @@ def test_unstable_queue_raises_in_every_model():
 
 
 def test_wait_models_by_name():
-    assert set(WAIT_MODELS) == {"allen-cunneen", "kingman", "erlang-c"}
+    assert set(WAIT_MODELS) == {"allen-cunneen", "kingman", "erlang-c", "whitt", "ggm"}
+    assert DEFAULT_WAIT_MODEL == "ggm" and DEFAULT_WAIT_MODEL in WAIT_MODELS
     assert waiting_time("erlang-c", 1.0, 1.0, 2) == pytest.approx(1 / 3)
-    with pytest.raises(ValueError, match="model"):
+    assert waiting_time("ggm", 1.0, 1.0, 2) == pytest.approx(1 / 3)
+    assert waiting_time("allen-cunneen", 1.6, 1.0, 2) == pytest.approx(0.72 / 0.4)
+    with pytest.raises(ValueError, match="unknown queueing model 'magic'; known models: "):
         waiting_time("magic", 1.0, 1.0, 2)
     with pytest.raises(ValueError, match="servers"):
         waiting_time("kingman", 1.0, 1.0, 2)
@@ -238,6 +242,23 @@ def test_vectorised_versions_agree_with_scalar():
     assert np.isinf(allen_cunneen_wait_many(5.0, 1.0, 2, 1, 1))
     np.testing.assert_allclose(
         allen_cunneen_wait_array(lam, many, m, (arrival_scv + service_scv) / 2), waits, rtol=1e-12
+    )
+
+
+def test_allen_cunneen_is_unchanged_by_the_model_keyword():
+    # The default of every minimal-rate function stays Allen--Cunneen.
+    args = (0.05, 300.0, 2, 1.0, 1.0)
+    assert min_service_rate_for_sojourn(*args) == min_service_rate_for_sojourn(
+        *args, model="allen-cunneen"
+    )
+    assert min_service_rate(*args) == min_service_rate(*args, model="allen-cunneen")
+    np.testing.assert_array_equal(
+        min_service_rate_for_sojourn_many(*args),
+        min_service_rate_for_sojourn_many(*args, model="allen-cunneen"),
+    )
+    # ... and another model gives another answer.
+    assert min_service_rate_for_sojourn(0.05, 300.0, 2, 0.25, 1.0, model="ggm") < (
+        min_service_rate_for_sojourn(0.05, 300.0, 2, 0.25, 1.0)
     )
 
 

@@ -28,6 +28,26 @@ log = logging.getLogger(__name__)
 _END = object()
 
 
+# The controller's answers to a Hello it will not take (controller/edges/server.py).
+REFUSALS = frozenset(
+    {
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+# Refusals that hold until someone changes a certificate or a config.
+FINAL_REFUSALS = frozenset(
+    {
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
+
+
 def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random) -> float:
     """Exponential backoff with 'equal jitter': half fixed, half random."""
     ceiling = min(maximum, initial * (2 ** min(attempt, 30)))
@@ -105,6 +125,8 @@ class ControllerLink:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="controller-link", daemon=True)
         self.connected = threading.Event()
+        # Why the controller refused the last attempt, None if it did not.
+        self.refusal: grpc.StatusCode | None = None
 
     # ---------------------------------------------------------------- API
 
@@ -157,13 +179,21 @@ class ControllerLink:
                 attempt = 0
             if self._stop.is_set():
                 break
-            delay = backoff_delay(attempt, self.backoff_initial, self.backoff_max, self.rng)
+            delay = self.retry_delay(attempt, self.refusal)
             attempt += 1
-            log.info("controller %s unreachable; retrying in %.1f s", self.target, delay)
+            log.info("controller %s: retrying in %.1f s", self.target, delay)
             self._stop.wait(delay)
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+
+    def retry_delay(self, attempt: int, refusal: grpc.StatusCode | None) -> float:
+        """Seconds before the next attempt. A refusal that retrying cannot fix (a
+        certificate that does not match the node, a capacity over the bound) waits
+        the longest backoff at once instead of hammering the controller."""
+        if refusal in FINAL_REFUSALS:
+            attempt = 64
+        return backoff_delay(attempt, self.backoff_initial, self.backoff_max, self.rng)
 
     def _wait_ready(self, channel: grpc.Channel) -> bool:
         future = grpc.channel_ready_future(channel)
@@ -177,6 +207,21 @@ class ControllerLink:
         future.cancel()
         return False
 
+    def _welcomed(self, session: _Session) -> None:
+        """The controller accepted this node: replay the buffer, then go live."""
+        with self._lock:
+            while self._buffer:
+                report = self._buffer.popleft()
+                report.replayed = True
+                session.outbox.put(pb.AgentMessage(report=report))
+                self.metrics.reports_sent.inc()
+            self.metrics.reports_buffered.set(0)
+            self._session = session
+        self.connected.set()
+        self.metrics.connected.set(1)
+        self.metrics.reconnects.inc()
+        log.info("connected to controller %s", self.target)
+
     def _stream_once(self) -> bool:
         """One connection; True if it was established."""
         # A channel that never connected is kept for the next attempt: building
@@ -186,30 +231,24 @@ class ControllerLink:
             self._channel = make_channel(self.target, self.tls)
         channel = self._channel
         established = False
+        self.refusal = None
         session = _Session()
         try:
             if not self._wait_ready(channel):
                 return False
             stub = pb_grpc.AgentServiceStub(channel)
             with self._lock:
+                # Only the Hello until the controller welcomes this node: a refused
+                # session must not swallow the buffered reports.
                 session.outbox.put(pb.AgentMessage(hello=self.agent.hello()))
-                while self._buffer:
-                    report = self._buffer.popleft()
-                    report.replayed = True
-                    session.outbox.put(pb.AgentMessage(report=report))
-                    self.metrics.reports_sent.inc()
-                self.metrics.reports_buffered.set(0)
-                self._session = session
                 self._call = stub.Connect(session.messages())
                 call = self._call
-            established = True
-            self.connected.set()
-            self.metrics.connected.set(1)
-            self.metrics.reconnects.inc()
-            log.info("connected to controller %s", self.target)
             for msg in call:
                 kind = msg.WhichOneof("body")
                 if kind == "welcome":
+                    if not established:
+                        established = True
+                        self._welcomed(session)
                     self.agent.on_contact(msg.welcome)
                 elif kind == "directive":
                     ack = self.agent.handle_directive(msg.directive)
@@ -217,7 +256,17 @@ class ControllerLink:
             log.warning("controller %s closed the stream", self.target)
         except grpc.RpcError as exc:
             if not self._stop.is_set():
-                log.warning("stream to controller %s broke: %s", self.target, exc.code())
+                if not established and exc.code() in REFUSALS:
+                    self.refusal = exc.code()
+                    self.metrics.refused.labels(exc.code().name.lower()).inc()
+                    log.error(
+                        "controller %s refused this agent (%s): %s",
+                        self.target,
+                        exc.code().name,
+                        exc.details(),
+                    )
+                else:
+                    log.warning("stream to controller %s broke: %s", self.target, exc.code())
         finally:
             with self._lock:
                 self._session = None

@@ -127,6 +127,13 @@ class AgentMetrics:
         self.reconnects = Counter(
             "dsched_agent_reconnects", "Stream (re)connections established", registry=r
         )
+        self.refused = Counter(
+            "dsched_agent_controller_refusals",
+            "Hellos the controller refused, by gRPC status (a certificate that does not "
+            "match node_id, a second session, capacity over the bound, stream limit)",
+            ("code",),
+            registry=r,
+        )
         self.fallbacks = Counter(
             "dsched_agent_fallbacks",
             "Times the lease expired and the fallback policy was applied",

@@ -11,14 +11,51 @@ import math
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from controller.qos import QosConfig
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
 from dsched.names import InvalidName, check_name
-from dsched.tls import TlsConfig
+from dsched.tls import TlsConfig, pem_certificates
 from spark_stream.config import HistoryConfig
 
 MODES = ("dry-run", "enforce")
+EPOCH_TRIGGERS = ("timer", "reports")
+# sun_path of a Unix socket address holds 108 bytes, the last a NUL.
+MAX_UNIX_PATH = 107
+
+
+@dataclass
+class AdminTlsConfig(TlsConfig):
+    """``[admin_tls]``: the admin door's TLS (PEM files)."""
+
+    section: ClassVar[str] = "admin_tls"
+
+
+def unix_socket_path(address: str) -> Path | None:
+    """The socket path of a ``unix:PATH`` (or ``unix:///PATH``) address, else None."""
+    if not address.startswith("unix:"):
+        return None
+    path = address.removeprefix("unix:")
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    return Path(path)
+
+
+def socket_group_id(key: str, group: str) -> int | None:
+    """The gid of ``group`` (a name or a number); None for empty. ConfigError naming ``key``."""
+    import grp
+
+    if not group:
+        return None
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError(key, f"no such group {group!r}") from None
+
+
 # How the DP values CPU given to an application (docs/controller.md).
 DP_VALUES = ("covered", "latency")
 
@@ -202,8 +239,22 @@ def check_rest_url(key: str, url: str) -> None:
 
 @dataclass
 class ControllerConfig:
-    # gRPC address for agents and admin (HOST:PORT).
+    # gRPC address of the agents' door (HOST:PORT): the agents' stream and health
+    # only. Off loopback it needs mutual TLS ([tls] cert, key and ca).
     listen: str = "127.0.0.1:7700"
+    # The admin door (dschedctl: status, mode, QoS, plan, explain), never the agents'
+    # port: `unix:PATH` (whoever may open the socket file may act) or HOST:PORT
+    # (mutual TLS with [admin_tls] unless on loopback).
+    admin_listen: str = "unix:/run/dsched/admin.sock"
+    # File mode of the admin Unix socket (octal): who may connect to it.
+    admin_socket_mode: str = "0660"
+    # Group of the admin Unix socket (name or number); empty: the controller's own.
+    admin_socket_group: str = ""
+    # Agent streams served at once; one more is refused at once (RESOURCE_EXHAUSTED).
+    max_agent_streams: int = 2000
+    # Most cores an agent may report; a Hello claiming more is refused (per-node
+    # `node_capacity_cores` limits only lower what dsched hands out).
+    max_node_capacity_cores: float = 1024.0
     # Prometheus /metrics address (HOST:PORT).
     metrics: str = "127.0.0.1:9708"
     # SQLite state, history spool and tables live here.
@@ -213,6 +264,10 @@ class ControllerConfig:
     mode: str = "dry-run"
     # Epoch length: one slot of reports, one decision.
     slot_seconds: float = 10.0
+    # When an epoch starts: `timer` (every slot) or `reports` (once every connected
+    # agent has reported since the last epoch began, no sooner than half a slot
+    # after it and at the latest one slot after it).
+    epoch_trigger: str = "timer"
     # Slots of history the fast loop predicts from (phi).
     phi: int = 5
     # Cap granularity in cores (theta of the hysteresis).
@@ -287,10 +342,17 @@ class ControllerConfig:
     decisions_kept: int = 8640
     # An instance that has not reported for this many slots is forgotten.
     forget_after_slots: int = 6
-    # Serve plaintext gRPC on a non-loopback address (a warning at every start).
+    # Serve the agents' door off loopback without mutual TLS (plaintext, or TLS
+    # without client certificates): agents are then not authenticated. A warning at
+    # every start.
     allow_plaintext_remote: bool = False
-    # Server TLS: cert + key; with ca, agents must present a client certificate.
+    # The agents' door TLS: cert + key of the controller and ca, the CA of the
+    # agents' client certificates (an agent's node id must be its certificate's CN
+    # or a subject alternative name).
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # TLS of a HOST:PORT admin door: cert + key of the controller and ca, the CA of
+    # the admin clients' certificates (never the agents' CA). Required off loopback.
+    admin_tls: AdminTlsConfig = field(default_factory=AdminTlsConfig)
     # The Spark history ([history] table). Its paths default under state_dir and
     # its slot is the controller's. With `enabled`, the controller spools every
     # slot and runs the streaming job itself; set it false when dsched-history
@@ -375,14 +437,18 @@ class ControllerConfig:
             if not exc.key.startswith("qos."):
                 raise ConfigError(f"qos.{exc.key}", str(exc).split(": ", 1)[1]) from None
             raise
-        host, _ = parse_hostport("listen", self.listen)
-        if not (is_loopback(host) or self.tls.enabled or self.allow_plaintext_remote):
-            raise ConfigError(
-                "listen",
-                f"plaintext gRPC on non-loopback {host}: configure [tls] or set "
-                "allow_plaintext_remote = true",
-            )
-        self.tls.validate("server")
+        require(
+            self.epoch_trigger in EPOCH_TRIGGERS,
+            "epoch_trigger",
+            f"must be one of {', '.join(EPOCH_TRIGGERS)}, got {self.epoch_trigger!r}",
+        )
+        require(self.max_agent_streams >= 1, "max_agent_streams", "must be >= 1")
+        require(
+            math.isfinite(self.max_node_capacity_cores) and self.max_node_capacity_cores > 0,
+            "max_node_capacity_cores",
+            "must be a number > 0",
+        )
+        self._validate_doors()
         names: set[str] = set()
         for i, engine in enumerate(self.engine):
             try:
@@ -399,3 +465,77 @@ class ControllerConfig:
                 f"two engines are named {engine.engine_name!r}",
             )
             names.add(engine.engine_name)
+
+    def _validate_doors(self) -> None:
+        """Off loopback the agents' door needs mutual TLS and the admin door its own."""
+        host, _ = parse_hostport("listen", self.listen)
+        self.tls.validate("server")
+        missing = self.tls.missing()
+        if not is_loopback(host) and missing and not self.allow_plaintext_remote:
+            raise ConfigError(
+                missing[0],
+                f"required for the agents' door on non-loopback {host} (mutual TLS needs "
+                "tls.cert, tls.key and tls.ca, the agents' client CA); or set "
+                "allow_plaintext_remote = true to serve unauthenticated agents",
+            )
+        path = unix_socket_path(self.admin_listen)
+        if path is not None:
+            require(
+                path.is_absolute() and path.name != "",
+                "admin_listen",
+                f"a Unix socket address is unix:/absolute/path, got {self.admin_listen!r}",
+            )
+            require(
+                len(str(path).encode()) <= MAX_UNIX_PATH,
+                "admin_listen",
+                f"socket path longer than {MAX_UNIX_PATH} bytes: {path}",
+            )
+            require(
+                not self.admin_tls.enabled,
+                "admin_tls",
+                "TLS is for a HOST:PORT admin door; a Unix socket is guarded by its file mode",
+            )
+        else:
+            admin_host, admin_port = parse_hostport("admin_listen", self.admin_listen)
+            self.admin_tls.validate("server")
+            admin_missing = self.admin_tls.missing()
+            require(
+                is_loopback(admin_host) or not admin_missing,
+                admin_missing[0] if admin_missing else "admin_tls",
+                f"required for the admin door on non-loopback {admin_host} (mutual TLS "
+                "needs admin_tls.cert, admin_tls.key and admin_tls.ca, the admin clients' CA)",
+            )
+            require(
+                self.admin_tls.cert is None or self.admin_tls.ca is not None,
+                "admin_tls.ca",
+                "an admin door with TLS must check its clients: set the admin clients' CA",
+            )
+            require(
+                admin_port == 0
+                or (admin_host, admin_port) != (host, parse_hostport("listen", self.listen)[1]),
+                "admin_listen",
+                "must not be the agents' address (`listen`)",
+            )
+            if self.admin_tls.ca is not None and self.tls.ca is not None:
+                shared = set(pem_certificates(self.admin_tls.ca)) & set(
+                    pem_certificates(self.tls.ca)
+                )
+                require(
+                    not shared,
+                    "admin_tls.ca",
+                    "is (or contains) the agents' client CA (tls.ca): an agent certificate "
+                    "would open the admin door; use a CA of its own for admin clients",
+                )
+        try:
+            mode = int(self.admin_socket_mode, 8)
+        except ValueError:
+            raise ConfigError(
+                "admin_socket_mode",
+                f'expected an octal mode like "0660", got {self.admin_socket_mode!r}',
+            ) from None
+        require(0 <= mode <= 0o777, "admin_socket_mode", "must be within 0000..0777")
+        socket_group_id("admin_socket_group", self.admin_socket_group)
+
+    @property
+    def admin_socket_mode_bits(self) -> int:
+        return int(self.admin_socket_mode, 8)

@@ -105,6 +105,7 @@ class Controller:
             forget_after_seconds=config.forget_after_slots * config.slot_seconds,
             max_clock_skew_seconds=config.max_clock_skew_seconds,
             engines=self.engines,
+            max_capacity_cores=config.max_node_capacity_cores,
         )
         self.sessions = AgentSessions()
         self.cap_actuator = CAP_ACTUATORS.create(config.cap_actuator, self.sessions)
@@ -119,6 +120,15 @@ class Controller:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # epoch_trigger = "reports": which connected node has reported in which epoch.
+        # Its own lock, never held while waiting for _lock, so the epoch loop can
+        # wait on it while an agent's report waits for the epoch.
+        self._trigger = threading.Condition(threading.Lock())
+        self._connected: set[str] = set()
+        self._reported_in: dict[str, int] = {}
+        # Health: monotonic time of the loop's start and of the last epoch it completed.
+        self._loop_started_at: float | None = None
+        self._last_epoch_done_at: float | None = None
         self.started_at = clock()
         self.mode = self.store.get("mode") or config.mode
         self.store.put("mode", self.mode)
@@ -155,13 +165,21 @@ class Controller:
                 " (dry-run)" if info.dry_run else "",
             )
             self._update_agent_gauge()
-            return pb.Welcome(epoch=self.epoch, slot_seconds=self.config.slot_seconds)
+            welcome = pb.Welcome(epoch=self.epoch, slot_seconds=self.config.slot_seconds)
+        with self._trigger:
+            self._connected.add(info.node_id)
+        return welcome
 
     def on_disconnect(self, node_id: str) -> None:
         with self._lock:
             self.cluster.agent_disconnected(node_id)
             self._update_agent_gauge()
             log.info("agent %s disconnected", node_id)
+        with self._trigger:
+            self._connected.discard(node_id)
+            self._reported_in.pop(node_id, None)
+            # One reporter fewer may be all the reports trigger was waiting for.
+            self._trigger.notify_all()
 
     def on_report(self, report: pb.NodeReport) -> None:
         with self._lock:
@@ -169,6 +187,15 @@ class Controller:
             res = self.cluster.ingest(report, self.clock())
             for reason, n in res.rejected.items():
                 self.metrics.rejected.labels(reason).inc(n)
+            # The epoch number when the data was taken: epochs increment it under
+            # this lock before reading the cluster, so data taken under a number
+            # is in none of that number's epochs yet.
+            epoch = self.epoch
+        if res.taken:
+            with self._trigger:
+                if report.node_id in self._connected:
+                    self._reported_in[report.node_id] = epoch
+                    self._trigger.notify_all()
 
     def on_ack(self, node_id: str, ack: pb.Ack) -> None:
         for r in ack.rejected:
@@ -216,47 +243,55 @@ class Controller:
         return self.store.decisions(max(1, epochs))
 
     def status(self) -> pb.StatusReply:
-        with self._lock:
-            now = self.clock()
-            agents = [
-                pb.AgentStatus(
-                    node_id=a.node_id,
-                    cpu_capacity_cores=a.cpu_capacity_cores,
-                    cgroup_mode=a.cgroup_mode,
-                    instances=sum(
-                        1 for h in self.cluster.histories.values() if h.node == a.node_id
-                    ),
-                    last_report_age_seconds=(now - a.last_report_at) if a.last_report_at else -1,
-                    counters_available=list(a.counters_available),
-                    dry_run=a.dry_run,
-                )
-                for a in sorted(self.cluster.agents.values(), key=lambda a: a.node_id)
-                if a.connected
-            ]
-            engines = [
-                pb.EngineStatus(
-                    name=e.name,
-                    kind=e.kind,
-                    endpoint=e.endpoint,
-                    healthy=e.healthy,
-                    reason=e.reason,
-                    jobs=e.jobs,
-                    instances=e.instances,
-                    last_read_age_seconds=e.last_read_age_seconds,
-                )
-                for e in (self.engines.status() if self.engines is not None else [])
-            ]
-            return pb.StatusReply(
-                engines=engines,
-                mode=MODE_TO_PB[self.mode],
-                epoch=self.epoch,
-                agents=agents,
-                applications=len(self.cluster.topologies),
-                instances=len(self.cluster.histories),
-                slot_seconds=self.config.slot_seconds,
-                version=__version__,
-                uptime_seconds=now - self.started_at,
+        # Without the controller's lock: an epoch holds it for up to a second at a
+        # thousand nodes, and an operator's status call must not wait for that.
+        # list() of a dict's values is one C call under the GIL, so each copy is a
+        # consistent snapshot even while reports are ingested.
+        histories = list(self.cluster.histories.values())
+        known_agents = list(self.cluster.agents.values())
+        topologies = len(self.cluster.topologies)
+        now = self.clock()
+        # One pass over the instances, not one per agent (a thousand agents).
+        per_node: dict[str, int] = {}
+        for h in histories:
+            per_node[h.node] = per_node.get(h.node, 0) + 1
+        agents = [
+            pb.AgentStatus(
+                node_id=a.node_id,
+                cpu_capacity_cores=a.cpu_capacity_cores,
+                cgroup_mode=a.cgroup_mode,
+                instances=per_node.get(a.node_id, 0),
+                last_report_age_seconds=(now - a.last_report_at) if a.last_report_at else -1,
+                counters_available=list(a.counters_available),
+                dry_run=a.dry_run,
             )
+            for a in sorted(known_agents, key=lambda a: a.node_id)
+            if a.connected
+        ]
+        engines = [
+            pb.EngineStatus(
+                name=e.name,
+                kind=e.kind,
+                endpoint=e.endpoint,
+                healthy=e.healthy,
+                reason=e.reason,
+                jobs=e.jobs,
+                instances=e.instances,
+                last_read_age_seconds=e.last_read_age_seconds,
+            )
+            for e in (self.engines.status() if self.engines is not None else [])
+        ]
+        return pb.StatusReply(
+            engines=engines,
+            mode=MODE_TO_PB[self.mode],
+            epoch=self.epoch,
+            agents=agents,
+            applications=topologies,
+            instances=len(histories),
+            slot_seconds=self.config.slot_seconds,
+            version=__version__,
+            uptime_seconds=now - self.started_at,
+        )
 
     # ------------------------------------------------------------ the epoch
     def run_epoch(self) -> dict[str, Any]:
@@ -399,21 +434,70 @@ class Controller:
         if self.history is not None:
             self.history.start_job()
         self._thread = threading.Thread(target=self._loop, name="dsched-epochs", daemon=True)
+        self._loop_started_at = time.monotonic()
         self._thread.start()
 
     def _loop(self) -> None:
         period = self.config.slot_seconds
-        next_at = time.monotonic() + period
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
-            next_at += period
+        by_reports = self.config.epoch_trigger == "reports"
+        started = time.monotonic()
+        next_at = started + period
+        while True:
+            if by_reports:
+                if not self._wait_for_reports(started, period):
+                    return
+                started = time.monotonic()
+            else:
+                if self._stop.wait(max(0.0, next_at - time.monotonic())):
+                    return
+                next_at += period
             try:
                 self.run_epoch()
+                self._last_epoch_done_at = time.monotonic()
             except Exception:
                 # One bad epoch must not stop the controller; the next one retries.
                 log.exception("epoch %d failed", self.epoch)
 
+    def _all_reported(self) -> bool:
+        """Every connected agent has reported since the current epoch number began
+        (caller holds ``_trigger``). No agent: nothing to wait for but the timer."""
+        epoch = self.epoch
+        return bool(self._connected) and all(
+            self._reported_in.get(n) == epoch for n in self._connected
+        )
+
+    def _wait_for_reports(self, previous: float, period: float) -> bool:
+        """Block until the next epoch may start (epoch_trigger = "reports"): every
+        connected agent reported, but no sooner than half a slot after the previous
+        epoch began; at the latest one slot after it. False when stopping."""
+        earliest, deadline = previous + period / 2, previous + period
+        with self._trigger:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= deadline or (now >= earliest and self._all_reported()):
+                    return True
+                self._trigger.wait((earliest if now < earliest else deadline) - now)
+        return False
+
+    def health(self) -> tuple[bool, str]:
+        """(serving, why not): the epoch loop runs and has completed an epoch within
+        two slots. Lock-free, so it answers while an epoch holds the lock."""
+        if self._stop.is_set():
+            return False, "stopping"
+        started = self._loop_started_at
+        if started is None or self._thread is None or not self._thread.is_alive():
+            return False, "starting"
+        # The first epoch is due one slot after the start.
+        last = self._last_epoch_done_at or started + self.config.slot_seconds
+        stalled = time.monotonic() - last
+        if stalled > 2 * self.config.slot_seconds:
+            return False, f"no epoch completed for {stalled:.1f} s"
+        return True, ""
+
     def stop(self) -> None:
         self._stop.set()
+        with self._trigger:
+            self._trigger.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.engines is not None:

@@ -1,15 +1,28 @@
-"""`dschedctl`: talk to a running controller (status, mode, plan, qos, explain)."""
+"""`dschedctl`: talk to a running controller (status, mode, plan, qos, explain).
+
+It speaks only to the controller's admin door, never to the agents' port: by
+default the Unix socket whose file mode decides who may act, or a HOST:PORT
+door with mutual TLS and an admin certificate (docs/security.md). Settings come
+from flags, else a small TOML file (``--config``, ``$DSCHEDCTL_CONFIG``,
+``~/.config/dsched/dschedctl.toml``, ``/etc/dsched/dschedctl.toml``, first found).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from rich.console import Console
 from rich.table import Table
 
+from dsched.config import ConfigError, load_config, parse_hostport, require
+from dsched.tls import TlsConfig
 from dsched_pb import dsched_pb2 as pb
 from dsched_pb import dsched_pb2_grpc as pb_grpc
 
@@ -104,12 +117,124 @@ def engine_lines(engines) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="dschedctl", description="Control a running dsched controller."
+DEFAULT_ADMIN_ADDRESS = "unix:/run/dsched/admin.sock"
+CONFIG_SEARCH = (
+    Path("~/.config/dsched/dschedctl.toml"),
+    Path("/etc/dsched/dschedctl.toml"),
+)
+
+
+@dataclass
+class CtlConfig:
+    """``dschedctl.toml``: where the admin door is and how to prove who you are."""
+
+    # The controller's admin door (its `admin_listen`): `unix:PATH` (whoever may open
+    # the socket file may act) or `HOST:PORT` (mutual TLS with an admin certificate
+    # unless on loopback).
+    address: str = DEFAULT_ADMIN_ADDRESS
+    # Seconds to wait for the controller's answer.
+    timeout: float = 5.0
+    # The name the controller's certificate carries, when it is not the address's host
+    # (TLS only).
+    server_name: str = ""
+    # `cert` + `key`: your admin certificate; `ca`: the CA that signed the controller's
+    # server certificate. All empty: no TLS.
+    tls: TlsConfig = field(default_factory=TlsConfig)
+
+    @property
+    def is_unix(self) -> bool:
+        return self.address.startswith("unix:")
+
+    def validate(self) -> None:
+        require(self.timeout > 0, "timeout", "must be > 0 seconds")
+        if self.is_unix:
+            path = self.address.removeprefix("unix:")
+            require(
+                bool(path.lstrip("/")), "address", "a Unix socket address is unix:/path/to/socket"
+            )
+            require(
+                not self.tls.enabled,
+                "tls",
+                "TLS is for a HOST:PORT admin door; a Unix socket is guarded by its file mode",
+            )
+        else:
+            parse_hostport("address", self.address)
+        require(
+            not self.server_name or self.tls.enabled,
+            "server_name",
+            "only meaningful with TLS (set tls.ca, tls.cert, tls.key)",
+        )
+        self.tls.validate("client")
+
+
+def find_config(given: str | None) -> Path | None:
+    """The config file to read: --config, $DSCHEDCTL_CONFIG, then the usual places."""
+    if given:
+        return Path(given)
+    if os.environ.get("DSCHEDCTL_CONFIG"):
+        return Path(os.environ["DSCHEDCTL_CONFIG"])
+    for candidate in CONFIG_SEARCH:
+        path = candidate.expanduser()
+        if path.is_file():
+            return path
+    return None
+
+
+def admin_channel(cfg: CtlConfig) -> grpc.Channel:
+    """A channel to the admin door: plaintext on a Unix socket, TLS where configured."""
+    if not cfg.tls.enabled:
+        return grpc.insecure_channel(cfg.address)
+    cert, key, ca = cfg.tls.read()
+    options = [("grpc.ssl_target_name_override", cfg.server_name)] if cfg.server_name else []
+    return grpc.secure_channel(
+        cfg.address,
+        grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert),
+        options=options,
     )
-    p.add_argument("--address", default="127.0.0.1:7700", help="controller gRPC HOST:PORT")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the controller")
+
+
+def resolve_config(args: argparse.Namespace) -> CtlConfig:
+    """The file's settings, overridden by the flags that were given."""
+    cfg = load_config(CtlConfig, find_config(args.config))
+    given = (("cert", args.cert), ("key", args.key), ("ca", args.ca))
+    tls_flags = {k: Path(v) for k, v in given if v is not None}
+    changes = {"address": args.address, "timeout": args.timeout, "server_name": args.server_name}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if tls_flags:
+        changes["tls"] = dataclasses.replace(cfg.tls, **tls_flags)
+    # Validated as a whole: the TLS files as a client's (a CA to check the controller).
+    cfg = dataclasses.replace(cfg, **changes)
+    cfg.validate()
+    return cfg
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dschedctl",
+        description="Control a running dsched controller through its admin door.",
+        epilog=(
+            "Settings not given as flags come from --config, $DSCHEDCTL_CONFIG, "
+            "~/.config/dsched/dschedctl.toml or /etc/dsched/dschedctl.toml (first found): "
+            "keys address, timeout, server_name and a [tls] table with cert, key, ca. "
+            "Exit status: 0 done, 1 refused by the controller, 2 bad arguments or "
+            "settings, 3 controller not reachable."
+        ),
+    )
+    p.add_argument("--config", metavar="PATH", help="dschedctl.toml to read settings from")
+    p.add_argument(
+        "--address",
+        help=f"the controller's admin door: unix:PATH or HOST:PORT "
+        f"(default {DEFAULT_ADMIN_ADDRESS})",
+    )
+    p.add_argument("--timeout", type=float, help="seconds to wait for the controller (default 5)")
+    p.add_argument("--ca", metavar="PEM", help="CA of the controller's server certificate (TLS)")
+    p.add_argument("--cert", metavar="PEM", help="your admin client certificate (TLS)")
+    p.add_argument("--key", metavar="PEM", help="the key of --cert (TLS)")
+    p.add_argument(
+        "--server-name",
+        metavar="NAME",
+        help="name in the controller's certificate, when not the address's host (TLS)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("status", help="mode, epoch, connected agents, engines")
@@ -125,21 +250,40 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("explain", help="one application's story over the last epochs")
     e.add_argument("app")
     e.add_argument("--epochs", type=int, default=10)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
+    try:
+        cfg = resolve_config(args)
+    except ConfigError as exc:
+        p.exit(2, f"dschedctl: error: {exc}\n")
+    args.timeout = cfg.timeout
 
     console = Console()
-    channel = grpc.insecure_channel(args.address)
+    channel = admin_channel(cfg)
     stub = pb_grpc.AdminServiceStub(channel)
     try:
         return _run(args, stub, console)
     except grpc.RpcError as exc:
         code = exc.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            # The details say why: no socket, permission denied, a refused handshake.
             print(
-                f"dschedctl: controller at {args.address} is not reachable ({code.name.lower()})",
+                f"dschedctl: controller at {cfg.address} is not reachable "
+                f"({code.name.lower()}: {exc.details()})",
                 file=sys.stderr,
             )
             return 3
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            print(
+                f"dschedctl: {cfg.address} is not an admin door (an agents' port?): "
+                f"{exc.details()}",
+                file=sys.stderr,
+            )
+            return 1
         print(f"dschedctl: {exc.details()}", file=sys.stderr)
         return 1
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import signal
 import sys
 import threading
@@ -27,8 +28,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--config", type=Path, help=f"TOML config (default {DEFAULT_CONFIG} if it exists)"
     )
+    p.add_argument("--listen", help="the agents' gRPC HOST:PORT (default 127.0.0.1:7700)")
     p.add_argument(
-        "--listen", help="gRPC HOST:PORT for agents and dschedctl (default 127.0.0.1:7700)"
+        "--admin-listen",
+        help="the admin door for dschedctl: unix:PATH or HOST:PORT "
+        "(default unix:/run/dsched/admin.sock)",
     )
     p.add_argument(
         "--state-dir", type=Path, help="SQLite state directory (default /var/lib/dsched)"
@@ -48,6 +52,7 @@ def load(args: argparse.Namespace) -> ControllerConfig:
     return override(
         cfg,
         listen=args.listen,
+        admin_listen=args.admin_listen,
         state_dir=args.state_dir,
         metrics=args.metrics,
         slot_seconds=args.slot_seconds,
@@ -70,28 +75,48 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_gc()
 
+    raise_open_files_limit()
+    # Before the doors open: a stop asked for during startup is then a clean stop.
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
     controller = Controller(cfg)
+    server = None
     try:
-        server = serve(controller, cfg.listen)
+        server = serve(controller)
         controller.start()
     except (OSError, RuntimeError, ConfigError) as exc:
         print(f"dsched-controller: cannot start: {exc}", file=sys.stderr)
+        if server is not None:
+            server.stop()
+        controller.stop()
         return 1
     logging.getLogger("dsched.controller").info(
-        "listening on %s (mode %s, slot %.1f s, metrics %s, state %s)",
+        "agents on %s, admin on %s (mode %s, slot %.1f s, metrics %s, state %s)",
         cfg.listen,
+        server.admin_address,
         controller.mode,
         cfg.slot_seconds,
         cfg.metrics,
         cfg.state_dir,
     )
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
     done.wait()
-    server.stop(grace=2).wait()
+    server.stop(grace=2)
     controller.stop()
     return 0
+
+
+def raise_open_files_limit() -> None:
+    """Every agent stream is a socket: lift the soft descriptor limit to the hard one
+    (a default soft limit of 1024 would refuse the thousandth agent)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            logging.getLogger("dsched.controller").warning(
+                "cannot raise the open files limit from %d: %s", soft, exc
+            )
 
 
 if __name__ == "__main__":

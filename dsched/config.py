@@ -9,6 +9,7 @@ values (negative periods, weight 0, ...) fail at startup, not mid-epoch.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 import types
 import typing
@@ -136,8 +137,18 @@ def parse_hostport(key: str, value: str) -> tuple[str, int]:
     return host.strip("[]"), p
 
 
-LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
-
-
 def is_loopback(host: str) -> bool:
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
+    """True for a loopback address (127.0.0.0/8, ::1, ::ffff:127.x) or ``localhost``.
+
+    Any other name is not loopback: it may resolve anywhere, so a listen or
+    connect address given by name must take the remote rules.
+    """
+    host = host.strip("[]")
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)

@@ -138,6 +138,7 @@ def render_schema(cls: type, title: str, path: str) -> str:
 def schemas() -> list[tuple[type, str, str]]:
     from agent.config import AgentConfig
     from controller.config import ControllerConfig
+    from controller.ctl import CtlConfig
     from spark_stream.config import HistoryConfig
 
     return [
@@ -147,6 +148,12 @@ def schemas() -> list[tuple[type, str, str]]:
             HistoryConfig,
             "dsched-history",
             "/etc/dsched/history.toml (or [history] in controller.toml)",
+        ),
+        (
+            CtlConfig,
+            "dschedctl",
+            "--config, $DSCHEDCTL_CONFIG, ~/.config/dsched/dschedctl.toml or "
+            "/etc/dsched/dschedctl.toml (first found); flags override it",
         ),
     ]
 

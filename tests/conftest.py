@@ -42,3 +42,11 @@ def cgroup_v1_cpu() -> Path:
 # `flink_cluster`: starting one takes 10-40 s, and each test module cancels the
 # jobs it submits (tests/flink_support.py).
 flink_cluster = make_cluster_fixture(scope="session")
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """CAs and certificates for the TLS tests (tests/tls_support.py)."""
+    from tests.tls_support import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))

@@ -271,3 +271,44 @@ def test_lease_expiry_applies_fallback_once(v1_agent, policy):
         assert quota.read_text().strip() == "-1" and key not in agent.caps
     agent.on_contact()
     assert not agent.fallback_applied
+
+
+def test_a_refused_agent_keeps_its_reports_and_backs_off_to_the_longest_delay(tmp_path, pki):
+    """The real controller refuses a node id its certificate does not carry."""
+    from tests.controller_server_support import config, start, stop
+
+    cfg = config(tmp_path, tls=TlsConfig(cert=pki.server_cert, key=pki.server_key, ca=pki.ca))
+    controller, server = start(cfg, loop=False)
+    cert, key = pki.agent("node-y")
+    agent = _dry_agent(node_id="node-x")
+    link = ControllerLink(
+        agent,
+        f"localhost:{server.port}",
+        tls=TlsConfig(cert=cert, key=key, ca=pki.ca),
+        backoff_initial=0.05,
+        backoff_max=30.0,
+        connect_timeout=5.0,
+        rng=random.Random(3),
+    )
+    for _ in range(3):
+        link.submit_report(agent.report())
+    link.start()
+    try:
+        assert wait_for(
+            lambda: (
+                _metric(agent, "dsched_agent_controller_refusals_total", code="permission_denied")
+                >= 1
+            )
+        )
+        assert link.refusal == grpc.StatusCode.PERMISSION_DENIED
+        assert not link.connected.is_set()
+        # Nothing buffered went down a stream the controller refused.
+        assert link.buffered == 3
+        assert "node-x" not in controller.cluster.agents
+        # A certificate problem does not fix itself: the next try waits the longest backoff.
+        assert link.retry_delay(0, link.refusal) >= 15.0
+        assert link.retry_delay(0, grpc.StatusCode.ALREADY_EXISTS) <= 0.05
+        assert link.retry_delay(0, None) <= 0.05
+    finally:
+        link.stop()
+        stop(controller, server)

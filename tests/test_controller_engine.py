@@ -613,9 +613,9 @@ def test_a_cap_is_held_when_readings_do_not_advance_and_moves_again_after(tmp_pa
 def test_status_over_grpc_and_dschedctl_show_the_engines(tmp_path, clock, jm, capsys):
     c = Controller(engine_config(tmp_path, jm.url), clock=lambda: clock[0])
     c.engines.poll()
-    server = serve(c, "127.0.0.1:0")
+    server = serve(c, "127.0.0.1:0", f"unix:{tmp_path}/admin.sock")
     try:
-        address = f"127.0.0.1:{server.bound_port}"
+        address = server.admin_address
         assert ctl_main(["--address", address, "status"]) == 0
         out = capsys.readouterr().out
         assert f"engine flink (flink at {jm.url}): healthy, 1 job(s), 7 instance(s)" in out

@@ -267,8 +267,8 @@ def test_latency_budgets_split_the_target_along_the_critical_path(tmp_path, cloc
 @pytest.fixture
 def served(tmp_path, clock):
     c = Controller(config(tmp_path), clock=lambda: clock[0])
-    server = serve(c, "127.0.0.1:0")
-    address = f"127.0.0.1:{server.bound_port}"
+    server = serve(c, "127.0.0.1:0", f"unix:{tmp_path}/admin.sock")
+    address = server.admin_address
     channel = grpc.insecure_channel(address)
     yield c, pb_grpc.AdminServiceStub(channel), address
     channel.close()

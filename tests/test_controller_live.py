@@ -177,15 +177,15 @@ def test_qos_assignments_survive_sigkill(tmp_path, capsys):
     )
     cluster.start_controller()
     try:
-        assert ctl_main(["--address", cluster.listen, "qos", "set", "gold-wc", "gold"]) == 0
-        assert ctl_main(["--address", cluster.listen, "qos", "set", "other", "bronze"]) == 0
-        assert ctl_main(["--address", cluster.listen, "qos", "set", "x", "platinum"]) == 1
+        assert ctl_main(["--address", cluster.admin_address, "qos", "set", "gold-wc", "gold"]) == 0
+        assert ctl_main(["--address", cluster.admin_address, "qos", "set", "other", "bronze"]) == 0
+        assert ctl_main(["--address", cluster.admin_address, "qos", "set", "x", "platinum"]) == 1
         capsys.readouterr()
-        assert ctl_main(["--address", cluster.listen, "--json", "qos", "list"]) == 0
+        assert ctl_main(["--address", cluster.admin_address, "--json", "qos", "list"]) == 0
         before = json.loads(capsys.readouterr().out)
         cluster.kill_controller()
         cluster.start_controller()
-        assert ctl_main(["--address", cluster.listen, "--json", "qos", "list"]) == 0
+        assert ctl_main(["--address", cluster.admin_address, "--json", "qos", "list"]) == 0
         after = json.loads(capsys.readouterr().out)
     finally:
         cluster.stop()

@@ -70,7 +70,7 @@ def _engine(flink: FlinkCluster, resource_id: str | None = None) -> tuple[dict, 
 
 def _ctl(cluster: LocalCluster, *args: str) -> str:
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "dschedctl"), "--address", cluster.listen, *args],
+        [str(Path(sys.executable).parent / "dschedctl"), "--address", cluster.admin_address, *args],
         capture_output=True,
         text=True,
         timeout=30,

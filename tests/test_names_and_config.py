@@ -83,7 +83,7 @@ def test_bad_toml_and_missing_file(tmp_path: Path):
         ({"phi": 1}, "phi"),
         ({"mode": "sometimes"}, "mode"),
         ({"listen": "nohost"}, "listen"),
-        ({"listen": "0.0.0.0:7700"}, "listen"),  # plaintext off loopback
+        ({"listen": "0.0.0.0:7700"}, "tls.cert"),  # off loopback without mutual TLS
     ],
 )
 def test_controller_config_refuses_impossible_values(data, key):

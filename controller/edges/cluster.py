@@ -13,6 +13,14 @@ When the reading has none for the instance, or has not advanced since the one
 its previous slot used, the instance is *unmeasured* this slot: it gets no
 slot (zeros would read as an idle instance), it is listed in ``unmeasured``
 with the reason, and the epoch holds its cap.
+
+An instance belongs to one node at a time. A node *claims* the instances of
+its latest report; another node's sample of a claimed instance is refused
+(``owned_by_other_node``) while the owner is connected and its claiming report
+is younger than the forget window. A migration therefore passes as soon as
+the old node reports without the instance (its next slot) or disconnects; the
+new node's samples in between are refused and counted, not merged into the
+instance's series.
 """
 
 from __future__ import annotations
@@ -35,6 +43,14 @@ log = logging.getLogger(__name__)
 MAX_CLOCK_SKEW_SECONDS = 30.0
 
 
+class HelloRefused(ValueError):
+    """An agent's Hello that cannot be accepted; ``reason`` is the metric label."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass
 class AgentInfo:
     node_id: str
@@ -50,6 +66,8 @@ class AgentInfo:
     connected: bool = True
     node_sample: pb.NodeSample | None = None
     caps: dict[InstanceKey, float] = field(default_factory=dict)  # as the agent reported
+    # Instances of the node's latest report: the ones it owns (see the module doc).
+    claims: set[InstanceKey] = field(default_factory=set)
 
 
 @dataclass
@@ -72,6 +90,8 @@ class IngestResult:
     accepted: int = 0
     unmeasured: int = 0  # engine instances without counters this slot
     rejected: Counter = field(default_factory=Counter)
+    # The report as a whole was taken (known node, sane header): it is fresh data.
+    taken: bool = False
 
 
 class ObservedCluster:
@@ -83,8 +103,10 @@ class ObservedCluster:
         forget_after_seconds: float = 60.0,
         max_clock_skew_seconds: float = MAX_CLOCK_SKEW_SECONDS,
         engines: EngineCounters | None = None,
+        max_capacity_cores: float = math.inf,
     ):
         self.max_clock_skew_seconds = max_clock_skew_seconds
+        self.max_capacity_cores = max_capacity_cores
         self.engines = engines
         if depth < 1:
             raise ValueError("depth must be at least 1")
@@ -100,14 +122,27 @@ class ObservedCluster:
         self.unmeasured: dict[InstanceKey, Unmeasured] = {}
         # Per engine instance: the stamp of the reading its last counters came from.
         self._engine_stamps: dict[InstanceKey, int] = {}
+        # The node an instance was last accepted from (its owner while it claims it).
+        self._owners: dict[InstanceKey, str] = {}
 
     # ------------------------------------------------------------------ agents
     def agent_connected(self, hello: pb.Hello, now: float | None = None) -> AgentInfo:
         now = time.time() if now is None else now
-        check_name("node_id", hello.node_id)
+        try:
+            check_name("node_id", hello.node_id)
+        except InvalidName as exc:
+            raise HelloRefused("bad_hello", str(exc)) from None
         cap = hello.cpu_capacity_cores
         if not math.isfinite(cap) or cap <= 0:
-            raise ValueError(f"node {hello.node_id}: cpu_capacity_cores {cap!r} is not positive")
+            raise HelloRefused(
+                "bad_hello", f"node {hello.node_id}: cpu_capacity_cores {cap!r} is not positive"
+            )
+        if cap > self.max_capacity_cores:
+            raise HelloRefused(
+                "capacity_too_large",
+                f"node {hello.node_id}: cpu_capacity_cores {cap:g} exceeds "
+                f"max_node_capacity_cores {self.max_capacity_cores:g}",
+            )
         info = AgentInfo(
             node_id=hello.node_id,
             cpu_capacity_cores=cap,
@@ -122,6 +157,7 @@ class ObservedCluster:
             # A reconnect continues the node's series; only the link is new.
             info.last_timestamp, info.last_slot = old.last_timestamp, old.last_slot
             info.node_sample = old.node_sample
+            info.claims = old.claims
         for c in hello.current_caps:
             info.caps[InstanceKey(c.key.app, c.key.operator, c.key.instance)] = c.cap_cores
         self.agents[hello.node_id] = info
@@ -163,10 +199,23 @@ class ObservedCluster:
             self._reject(result, node, "bad_slot_seconds", f"slot_seconds {report.slot_seconds!r}")
             return result
         agent.last_timestamp, agent.last_slot, agent.last_report_at = ts, report.slot, now
+        result.taken = True
         if report.HasField("node"):
             agent.node_sample = report.node
         agent.caps = {}
+        claims: set[InstanceKey] = set()
         for sample in report.instances:
+            key = InstanceKey(sample.key.app, sample.key.operator, sample.key.instance)
+            owner = self._owned_elsewhere(key, node, now)
+            if owner is not None:
+                self._reject(
+                    result,
+                    node,
+                    "owned_by_other_node",
+                    f"{key} is reported by node {owner}",
+                )
+                continue
+            claims.add(key)
             slot = self._instance_slot(result, node, report, sample)
             if isinstance(slot, Unmeasured):
                 self.unmeasured[slot.key] = slot
@@ -184,7 +233,25 @@ class ObservedCluster:
             hist.add(slot)
             self._learn_topology(slot.key, slot.upstream, slot.stateful)
             result.accepted += 1
+        for key in claims:
+            self._owners[key] = node
+        agent.claims = claims
         return result
+
+    def _owned_elsewhere(self, key: InstanceKey, node: str, now: float) -> str | None:
+        """The other node that still owns ``key``, or None when ``node`` may report it."""
+        owner = self._owners.get(key)
+        if owner is None or owner == node:
+            return None
+        info = self.agents.get(owner)
+        if (
+            info is not None
+            and info.connected
+            and key in info.claims
+            and now - info.last_report_at <= self.forget_after_seconds
+        ):
+            return owner
+        return None
 
     def _engine_counters(self, engine: str, key: InstanceKey) -> tuple[InstanceCounters, int] | str:
         """(counters, reading stamp) of an engine instance, or why it is unmeasured."""
@@ -341,6 +408,8 @@ class ObservedCluster:
             del self.histories[k]
             self._baselines.pop(k, None)
             self._engine_stamps.pop(k, None)
+            if k not in self.unmeasured:
+                self._owners.pop(k, None)
         silent = [
             k for k, u in self.unmeasured.items() if now - u.timestamp > self.forget_after_seconds
         ]
@@ -349,6 +418,7 @@ class ObservedCluster:
             if k not in self.histories:
                 self._baselines.pop(k, None)
                 self._engine_stamps.pop(k, None)
+                self._owners.pop(k, None)
         if gone or silent:
             live_ops = {(k.app, k.operator) for k in (*self.histories, *self.unmeasured)}
             for app, topo in list(self.topologies.items()):

@@ -130,6 +130,16 @@ class ControllerMetrics:
             ["app", "class"],
             registry=r,
         )
+        self.agent_streams = Gauge(
+            "dsched_agent_streams", "Agent streams open on the agents' door", registry=r
+        )
+        self.agent_refusals = Counter(
+            "dsched_agent_refusals_total",
+            "Agent streams refused, by reason: too_many_streams, no_hello, bad_hello, "
+            "node_id_mismatch, duplicate_session, capacity_too_large",
+            ["reason"],
+            registry=r,
+        )
         self.reports = Counter("dsched_reports_total", "NodeReports received", registry=r)
         self.rejected = Counter(
             "dsched_report_samples_rejected_total",

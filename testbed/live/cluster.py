@@ -132,6 +132,11 @@ class LocalCluster:
         self.controller_config = controller_config or {}
         self.nodes = nodes or [NodeSpec()]
         self.listen = f"127.0.0.1:{controller_port or free_port()}"
+        # The admin door: a Unix socket beside the agents' sockets (dschedctl
+        # --address takes it as is).
+        self.admin_address = self.controller_config.get(
+            "admin_listen", f"unix:{self.workdir.resolve() / 'admin.sock'}"
+        )
         self.metrics = f"127.0.0.1:{metrics_port or free_port()}"
         self.agent_dry_run = agent_dry_run
         self.history = history
@@ -145,6 +150,7 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg = {
             "listen": self.listen,
+            "admin_listen": self.admin_address,
             "metrics": self.metrics,
             "state_dir": str(self.workdir / "state"),
             "mode": self.mode,
@@ -228,7 +234,7 @@ class LocalCluster:
 
     def admin(self) -> pb_grpc.AdminServiceStub:
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.listen)
+            self._channel = grpc.insecure_channel(self.admin_address)
         return pb_grpc.AdminServiceStub(self._channel)
 
     def plan(self) -> dict[str, Any] | None:

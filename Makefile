@@ -14,7 +14,7 @@ FLINK_VERSION := 2.3.0
 FLINK_DIR     := .flink
 FLINK_STAMP   := $(FLINK_DIR)/.installed
 
-.PHONY: demo test install proto lint wheel clean flink
+.PHONY: demo test install proto lint wheel clean flink prometheus
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,10 +40,31 @@ $(FLINK_STAMP): | $(STAMP)
 
 flink: $(FLINK_STAMP)
 
+# Prometheus and promtool for tests/test_prometheus.py (a real server scrapes the
+# daemons; promtool checks the metrics, rules and rule tests in deploy/prometheus).
+# Debian's package would start a system-wide prometheus at install: a policy-rc.d
+# that refuses every start is in place during the install (ours only if none was
+# there), and afterwards the service is disabled (and stopped, under systemd).
+# --no-install-recommends: no node exporter.
+prometheus:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 && exit 0; \
+	echo "promtool not found: installing prometheus (service left stopped)"; \
+	own_policy=; \
+	if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && own_policy=1; \
+	fi; \
+	apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }; \
+	apt_install || { apt-get update && apt_install; }; status=$$?; \
+	[ -n "$$own_policy" ] && rm -f /usr/sbin/policy-rc.d; \
+	if command -v systemctl >/dev/null 2>&1; then systemctl disable prometheus.service >/dev/null 2>&1; fi; \
+	if [ -d /run/systemd/system ]; then systemctl stop prometheus.service >/dev/null 2>&1; fi; \
+	if command -v update-rc.d >/dev/null 2>&1; then update-rc.d prometheus disable >/dev/null 2>&1; fi; \
+	[ $$status -eq 0 ] || { echo "could not install prometheus: install Debian's prometheus package (prometheus, promtool) and rerun make prometheus" >&2; exit 1; }
+
 demo: $(STAMP) $(FLINK_STAMP)
 	$(VENV)/bin/dsched demo --duration $${DURATION:-120}
 
-test: $(STAMP) $(FLINK_STAMP)
+test: $(STAMP) $(FLINK_STAMP) prometheus systemd-tools
 	$(PY) -m pytest $${PYTEST_ARGS:-}
 
 proto: $(STAMP)
@@ -54,9 +75,22 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 # The daemons only (no testbed/, no bench/): pip install the wheel from dist/ on
-# every node, with the `[controller]` extra on the controller's.
+# every node, with the `[controller]` extra on the controller's (docs/operations.md).
+# An sdist, then the wheel built from it. --no-isolation builds with the venv's
+# setuptools, without an index; BUILD_FLAGS= builds in an isolated env instead.
+BUILD_FLAGS ?= --no-isolation
 wheel: $(STAMP)
-	$(PY) -m pip wheel --quiet --no-deps -w dist .
+	$(PY) -m build $(BUILD_FLAGS) --outdir dist .
+
+# systemd-analyze for tests/test_systemd.py (verify and security of systemd/*.service).
+# Debian's systemd package has it; it need not be PID 1.
+.PHONY: systemd-tools
+systemd-tools:
+	@command -v systemd-analyze >/dev/null 2>&1 && exit 0; \
+	echo "systemd-analyze not found: installing systemd"; \
+	apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends systemd; }; \
+	apt_install || { apt-get update && apt_install; } \
+	  || { echo "could not install systemd-analyze: install Debian's systemd package and rerun make systemd-tools" >&2; exit 1; }
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache spark-warehouse

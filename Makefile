@@ -64,7 +64,7 @@ prometheus:
 demo: $(STAMP) $(FLINK_STAMP)
 	$(VENV)/bin/dsched demo --duration $${DURATION:-120}
 
-test: $(STAMP) $(FLINK_STAMP) prometheus systemd-tools
+test: $(STAMP) $(FLINK_STAMP) prometheus systemd-tools tmux
 	$(PY) -m pytest $${PYTEST_ARGS:-}
 
 proto: $(STAMP)
@@ -91,6 +91,15 @@ systemd-tools:
 	apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends systemd; }; \
 	apt_install || { apt-get update && apt_install; } \
 	  || { echo "could not install systemd-analyze: install Debian's systemd package and rerun make systemd-tools" >&2; exit 1; }
+
+# tmux for tests/test_ctl_top.py (dschedctl top driven in a real terminal).
+.PHONY: tmux
+tmux:
+	@command -v tmux >/dev/null 2>&1 && exit 0; \
+	echo "tmux not found: installing tmux"; \
+	apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends tmux; }; \
+	apt_install || { apt-get update && apt_install; } \
+	  || { echo "could not install tmux: install Debian's tmux package and rerun make tmux" >&2; exit 1; }
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache spark-warehouse

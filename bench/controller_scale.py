@@ -35,6 +35,21 @@ OPS = (
     ("count", ("split",), 0.0003, 0),
 )
 CLASSES = ("gold", "silver", "bronze")
+# Where an epoch's CPU goes, in order (Controller.last_timing has each as
+# "<stage>_cpu"): evaluate; the pure epoch's forecast, demand, allocate,
+# hysteresis (with anti-saturation) and latency estimates; the memory update,
+# caps written to the store and directives; the decision record and queueing it
+# for the store's writer thread.
+STAGES = (
+    "evaluate",
+    "forecast",
+    "demand",
+    "allocate",
+    "hysteresis",
+    "estimate",
+    "act_and_memory",
+    "record_and_store",
+)
 # A fixed order keeps the one-off warm-up fits short; timed epochs never refit.
 ARIMA_ORDER = (1, 0, 0)
 
@@ -182,7 +197,12 @@ def measure(nodes: int, instances: int, apps: int, args) -> dict:
         "compute_cpu_seconds_median": statistics.median(s["compute_cpu"] for s in stages),
         "epoch_cpu_seconds_median": statistics.median(s["epoch_cpu"] for s in stages),
         "allocation_seconds_median": statistics.median(alloc),
-        "stage_seconds_median": {k: statistics.median(s[k] for s in stages) for k in stages[0]},
+        "stage_seconds_median": {
+            k: statistics.median(s[k] for s in stages) for k in stages[0] if not k.endswith("_cpu")
+        },
+        "stage_cpu_seconds_median": {
+            k: statistics.median(s[f"{k}_cpu"] for s in stages) for k in STAGES
+        },
         "dp_seconds_median": statistics.median(dp),
         "dp_capacity_units": rec["dp"]["capacity_units"],
         "dp_solved": rec["dp"]["solved"],
@@ -212,10 +232,22 @@ def run(args: argparse.Namespace) -> int:
             f"(CPU {row['compute_cpu_seconds_median']:.3f} s), "
             f"allocation {row['allocation_seconds_median']:.3f} s, DP {row['dp_seconds_median']:.3f} s"
         )
+        print(
+            "  CPU by stage: "
+            + ", ".join(f"{k} {v:.3f} s" for k, v in row["stage_cpu_seconds_median"].items())
+        )
     print(f"reference workload {reference_before:.3f} s before the runs")
     largest = max(runs, key=lambda r: (r["nodes"], r["apps"]))
     reference_after = reference_seconds()
     reference = (reference_before + reference_after) / 2
+    for row in runs:
+        # Ratios to the reference workload compare runs on machines (or days)
+        # of different speed; the seconds alone do not.
+        row["stage_cpu_over_reference"] = {
+            k: v / reference for k, v in row["stage_cpu_seconds_median"].items()
+        }
+        row["epoch_cpu_over_reference"] = row["epoch_cpu_seconds_median"] / reference
+        row["compute_cpu_over_reference"] = row["compute_cpu_seconds_median"] / reference
     figures = {
         "reference_seconds": reference,
         "reference_seconds_before_after": [reference_before, reference_after],
@@ -225,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
         "arima_order": list(ARIMA_ORDER),
         "what_is_timed": "Controller.run_epoch after warm-up: evaluate, forecast (linear trend, "
         "DAG, cached ARIMA), latency-targeted demand, qos-dp division, anti-saturation, "
-        "hysteresis, latency estimates, decision record and its SQLite write; no network; "
+        "hysteresis, latency estimates, caps committed to SQLite, decision record (encoded "
+        "and written by the store's writer thread, off the epoch's thread); no network; "
         "placement and the history spool (both on their own threads) are off. compute = "
         "evaluate + the pure epoch (controller/epoch.py, latency estimates included)",
         "largest_epoch_seconds_median": largest["epoch_seconds_median"],
@@ -233,6 +266,9 @@ def run(args: argparse.Namespace) -> int:
         "compute_meets_target": largest["compute_seconds_median"] < 1.0,
         "largest_compute_cpu_seconds_median": largest["compute_cpu_seconds_median"],
         "largest_epoch_cpu_seconds_median": largest["epoch_cpu_seconds_median"],
+        "largest_epoch_cpu_over_reference": largest["epoch_cpu_over_reference"],
+        "largest_stage_cpu_seconds_median": largest["stage_cpu_seconds_median"],
+        "largest_stage_cpu_over_reference": largest["stage_cpu_over_reference"],
         "epoch_meets_target": largest["epoch_seconds_median"] < 1.0,
         "load_average_1min": os.getloadavg()[0],
     }

@@ -305,11 +305,12 @@ class Controller:
             self.cluster.forget_vanished(now)
             # Instances without engine counters this slot: out of the views, caps held.
             unmeasured = dict(self.cluster.unmeasured)
-            views = evaluate(self.cluster, cfg.phi, exclude=unmeasured)
+            views = evaluate(self.cluster, cfg.phi, exclude=unmeasured, rows=self.memory.slot_rows)
             if self.history is not None:
                 seed = self.history.seed(views)
                 self.memory.apply_seed(seed.kappa, seed.source_rates)
             t_pipeline = time.perf_counter()
+            cpu_pipeline = time.thread_time()
             inputs = EpochInputs(
                 epoch=self.epoch,
                 now=now,
@@ -328,6 +329,14 @@ class Controller:
             t_act = time.perf_counter()
             cpu_compute = time.thread_time() - cpu0
             self.memory.update(result)
+            # Caps are committed before any directive leaves: if the process dies
+            # at any point after this, the store holds caps at least as new as
+            # those any agent enforces, and a restart resumes (and re-sends)
+            # them instead of deciding afresh from older ones. The other order
+            # could leave agents enforcing caps the restarted controller never
+            # heard of. The decision record can wait for the writer thread; a
+            # crash loses at most the audit log's tail, never a cap in force.
+            self.store.save_caps(self.epoch, self.memory.caps)
             actuator = self.cap_actuator if self.mode == "enforce" else LogOnlyActuator()
             acted = actuator.push_caps(self.epoch, result.caps_by_node(), f"epoch {self.epoch}")
             if acted.sent:
@@ -336,6 +345,7 @@ class Controller:
             new_rejections = {r: n - self._rejected_seen.get(r, 0) for r, n in rejected.items()}
             self._rejected_seen = rejected
             t_record = time.perf_counter()
+            cpu_record = time.thread_time()
             record = build_record(
                 result,
                 mode=self.mode,
@@ -357,7 +367,7 @@ class Controller:
                 self.history.spool(
                     self.epoch, now, self.cluster, {"epoch": self.epoch, "apps": record["apps"]}
                 )
-            self.store.save_caps(self.epoch, self.memory.caps)
+            # Queued: encoded and written on the store's thread.
             self.store.record_decision(self.epoch, now, self.mode, record)
             rec = result.alloc.recommendation
             if rec is not None and rec.nodes_delta:
@@ -366,6 +376,7 @@ class Controller:
                 )
             self.metrics.epoch.set(self.epoch)
         t_end = time.perf_counter()
+        cpu_end = time.thread_time()
         # Where an epoch's time goes (the controller-scale benchmark reads it).
         self.last_timing = {
             "evaluate": t_pipeline - t0,
@@ -373,10 +384,13 @@ class Controller:
             "act_and_memory": t_record - t_act,
             "record_and_store": t_end - t_record,
             "compute": t_act - t0,
-            # CPU time of the compute on this thread: what the epoch costs on an
-            # idle core, whatever else the machine is running.
+            # CPU time on this thread: what the epoch costs on an idle core,
+            # whatever else the machine is running.
+            "evaluate_cpu": cpu_pipeline - cpu0,
+            "act_and_memory_cpu": cpu_record - cpu0 - cpu_compute,
+            "record_and_store_cpu": cpu_end - cpu_record,
             "compute_cpu": cpu_compute,
-            "epoch_cpu": time.thread_time() - cpu0,
+            "epoch_cpu": cpu_end - cpu0,
         }
         self.metrics.epoch_duration.observe(t_end - t0)
         return record

@@ -1,4 +1,5 @@
-"""`dschedctl`: talk to a running controller (status, mode, plan, qos, explain).
+"""`dschedctl`: talk to a running controller (status, mode, plan, qos, explain, top,
+report).
 
 It speaks only to the controller's admin door, never to the agents' port: by
 default the Unix socket whose file mode decides who may act, or a HOST:PORT
@@ -14,107 +15,28 @@ import dataclasses
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from google.protobuf.json_format import MessageToDict
 from rich.console import Console
-from rich.table import Table
 
+from controller import ctl_top, ctl_views
+from controller.shadow_report import (
+    DEFAULT_SINCE_SECONDS,
+    REPORT_TIMEOUT_SECONDS,
+    print_report,
+    since_arg,
+)
 from dsched.config import ConfigError, load_config, parse_hostport, require
 from dsched.tls import TlsConfig
 from dsched_pb import dsched_pb2 as pb
 from dsched_pb import dsched_pb2_grpc as pb_grpc
 
 MODES = {"dry-run": pb.DRY_RUN, "enforce": pb.ENFORCE}
-
-
-def _fmt(v: float, digits: int = 2) -> str:
-    return "-" if v < 0 else f"{v:.{digits}f}"
-
-
-def plan_table(reply: pb.PlanReply, title: str | None = None) -> Table:
-    t = Table(
-        title=title or f"epoch {reply.epoch} ({pb.Mode.Name(reply.mode).lower().replace('_', '-')})"
-    )
-    for col in (
-        "app",
-        "operator",
-        "inst",
-        "arrival/s",
-        "predicted/s",
-        "by",
-        "demand",
-        "cap",
-        "usage",
-        "queue",
-        "latency ms",
-        "reason",
-    ):
-        t.add_column(col, justify="left" if col in ("app", "operator", "by", "reason") else "right")
-    for o in reply.operators:
-        t.add_row(
-            o.app,
-            o.operator,
-            str(o.instances),
-            f"{o.arrival_rate:.1f}",
-            f"{o.predicted_rate:.1f}",
-            o.predictor,
-            f"{o.demand_cores:.2f}",
-            f"{o.cap_cores:.2f}",
-            f"{o.usage_cores:.2f}",
-            str(o.queue_length),
-            _fmt(o.latency_ms, 1),
-            o.reason,
-        )
-    return t
-
-
-def apps_table(rec: dict) -> Table:
-    """Per application: class, demand, allocation, latency and the DP's units."""
-    t = Table(title="applications")
-    for col in (
-        "app",
-        "class",
-        "weight",
-        "target ms",
-        "demand",
-        "allocated",
-        "caps",
-        "cut",
-        "latency ms",
-        "estimate ms",
-        "dp units",
-    ):
-        t.add_column(col, justify="left" if col in ("app", "class") else "right")
-    for a in rec.get("apps", []):
-        lat, est = a.get("latency_ms"), a.get("latency_estimate_ms")
-        t.add_row(
-            a["app"],
-            a["class"],
-            f"{a['weight']:g}",
-            f"{a['target_ms']:g}",
-            f"{a['demand_cores']:.2f}",
-            f"{a['allocated_cores']:.2f}",
-            f"{a['cap_cores']:.2f}",
-            f"{a['cut_cores']:.2f}",
-            "-" if lat is None else f"{lat:.1f}",
-            "-" if est is None else f"{est:.1f}",
-            str(a["dp_units"]),
-        )
-    return t
-
-
-def engine_lines(engines) -> list[str]:
-    """One line per engine counter edge: where it reads, whether it is healthy and why not."""
-    lines = []
-    for e in engines:
-        health = "healthy" if e.healthy else f"UNHEALTHY ({e.reason})"
-        lines.append(
-            f"engine {e.name} ({e.kind} at {e.endpoint}): {health}, {e.jobs} job(s), "
-            f"{e.instances} instance(s), last read {_fmt(e.last_read_age_seconds, 1)} s ago"
-        )
-    return lines
 
 
 DEFAULT_ADMIN_ADDRESS = "unix:/run/dsched/admin.sock"
@@ -208,6 +130,24 @@ def resolve_config(args: argparse.Namespace) -> CtlConfig:
     return cfg
 
 
+def _view_flags(parser: argparse.ArgumentParser, top_level: bool) -> None:
+    """--json and --wide, accepted before the subcommand and after it.
+
+    A subcommand's copies default to SUPPRESS, so a flag given before the
+    subcommand is not reset by the subcommand's parser."""
+    default = False if top_level else argparse.SUPPRESS
+    parser.add_argument(
+        "--json", action="store_true", default=default, help="print JSON for scripts"
+    )
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        default=default,
+        help="every column, lines as long as they need (default: fit the terminal, 80 "
+        "columns when piped, or $COLUMNS)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dschedctl",
@@ -235,22 +175,204 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="name in the controller's certificate, when not the address's host (TLS)",
     )
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _view_flags(p, top_level=True)
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("status", help="mode, epoch, connected agents, engines")
-    m = sub.add_parser("mode", help="switch between dry-run and enforce")
+
+    def command(name: str, parent=sub, **kw) -> argparse.ArgumentParser:
+        s = parent.add_parser(name, **kw)
+        _view_flags(s, top_level=False)
+        return s
+
+    # One parser per subcommand; its handler is in COMMANDS below.
+    command("status", help="mode, epoch, connected agents, engines")
+    m = command("mode", help="switch between dry-run and enforce")
     m.add_argument("mode", choices=sorted(MODES))
-    sub.add_parser("plan", help="the last plan with reasons")
-    q = sub.add_parser("qos", help="QoS classes of applications")
+    pl = command("plan", help="the last plan: one row per operator, with reasons")
+    pl.add_argument(
+        "--instances", action="store_true", help="a row per instance under each operator"
+    )
+    q = command("qos", help="QoS classes of applications")
     qs = q.add_subparsers(dest="qos_cmd", required=True)
-    qset = qs.add_parser("set", help="assign APP to CLASS (held until APP appears)")
+    qset = command("set", qs, help="assign APP to CLASS (held until APP appears)")
     qset.add_argument("app")
     qset.add_argument("qos_class", metavar="CLASS")
-    qs.add_parser("list", help="assignments and classes")
-    e = sub.add_parser("explain", help="one application's story over the last epochs")
+    command("list", qs, help="assignments and classes")
+    e = command("explain", help="one application's story over the last epochs")
     e.add_argument("app")
     e.add_argument("--epochs", type=int, default=10)
+    t = command(
+        "top",
+        help="a live view of the plan per application and operator (s: sort, q: quit)",
+    )
+    t.add_argument(
+        "--sort",
+        choices=ctl_top.SORTS,
+        default="cap",
+        help="largest first: cap, usage, rate, latency (estimate, else measured, as a "
+        "share of the class target); or by app name (default cap)",
+    )
+    t.add_argument(
+        "--interval",
+        type=_positive_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between refreshes (default 2)",
+    )
+    t.add_argument(
+        "--once", action="store_true", help="print one frame and exit (with --json: its data)"
+    )
+    r = command("report", help="what enforce mode would have done over a window (dry-run)")
+    r.add_argument(
+        "--since",
+        type=since_arg,
+        default=DEFAULT_SINCE_SECONDS,
+        metavar="DURATION",
+        help="the window: 30m, 6h, 2d, 1h30m (units s m h d w; default 1d, at most 1w)",
+    )
     return p
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
+    return v
+
+
+@dataclass
+class Ctx:
+    """What a subcommand's handler gets: the settings, a stub on the admin door,
+    and where and how wide to print."""
+
+    cfg: CtlConfig
+    stub: pb_grpc.AdminServiceStub
+    console: Console
+    # Width to lay views out for; None with --wide (no limit).
+    width: int | None
+
+    @property
+    def timeout(self) -> float:
+        return self.cfg.timeout
+
+    def lines(self, lines) -> None:
+        for line in lines:
+            # Laid out already: printed as they are, never wrapped again or cut.
+            self.console.print(line, soft_wrap=True)
+
+    def json(self, value) -> None:
+        text = value if isinstance(value, str) else ctl_views.json_text(value)
+        print(text)
+
+
+def _message_json(msg, defaults: bool = False) -> str:
+    return json.dumps(MessageToDict(msg, always_print_fields_with_no_presence=defaults), indent=2)
+
+
+def cmd_status(args, ctx: Ctx) -> int:
+    r = ctx.stub.Status(pb.StatusRequest(), timeout=ctx.timeout)
+    if args.json:
+        ctx.json(_message_json(r))
+        return 0
+    ctx.lines(ctl_views.status_lines(r, ctx.width))
+    return 0
+
+
+def cmd_mode(args, ctx: Ctx) -> int:
+    r = ctx.stub.SetMode(pb.SetModeRequest(mode=MODES[args.mode]), timeout=ctx.timeout)
+    prev = ctl_views.mode_name(r.previous)
+    if args.json:
+        ctx.json({"mode": ctl_views.mode_name(r.mode), "previous": prev})
+        return 0
+    ctx.console.print(f"mode {prev} -> {args.mode}")
+    return 0
+
+
+def cmd_plan(args, ctx: Ctx) -> int:
+    r = ctx.stub.GetPlan(pb.GetPlanRequest(), timeout=ctx.timeout)
+    if args.json:
+        ctx.json(r.record_json or "{}")
+        return 0
+    if not r.epoch:
+        ctx.console.print("no plan yet: the controller has not finished an epoch with data")
+        return 0
+    rec = json.loads(r.record_json) if r.record_json else {}
+    ctx.lines(ctl_views.plan_lines(r, rec, ctx.width, instances=args.instances))
+    return 0
+
+
+def cmd_qos(args, ctx: Ctx) -> int:
+    if args.qos_cmd == "set":
+        r = ctx.stub.SetQos(
+            pb.SetQosRequest(app=args.app, qos_class=args.qos_class), timeout=ctx.timeout
+        )
+        if args.json:
+            ctx.json(_message_json(r, defaults=True))
+            return 0
+        held = "" if r.app_known else " (held until the application appears)"
+        ctx.lines(ctl_views.fit([f"{r.app}: {r.qos_class}{held}"], ctx.width))
+        return 0
+    r = ctx.stub.ListQos(pb.ListQosRequest(), timeout=ctx.timeout)
+    if args.json:
+        ctx.json(_message_json(r, defaults=True))
+        return 0
+    ctx.lines(ctl_views.qos_lines(r, ctx.width))
+    return 0
+
+
+def cmd_explain(args, ctx: Ctx) -> int:
+    r = ctx.stub.Explain(pb.ExplainRequest(app=args.app, epochs=args.epochs), timeout=ctx.timeout)
+    if args.json:
+        ctx.json(r.records_json or "[]")
+        return 0
+    ctx.lines(ctl_views.fit(r.lines, ctx.width))
+    return 0
+
+
+def cmd_top(args, ctx: Ctx) -> int:
+    state = ctl_top.TopState(ctx.cfg.address, args.interval, args.sort)
+    if args.once:
+        # Unreachable: the RpcError goes up and exits 3 like every other command.
+        state.data, state.read_at = ctl_top.fetch(ctx.stub, ctx.timeout), time.time()
+        if args.json:
+            ctx.json(state.frame())
+        else:
+            ctx.lines(ctl_top.frame_lines(state, ctx.width))
+        return 0
+    if args.json:
+        print("dschedctl: error: top --json needs --once", file=sys.stderr)
+        return 2
+    poller = ctl_top.Poller(state, lambda: admin_channel(ctx.cfg), ctx.timeout)
+    # On a terminal the live view follows its size; piped, frames are laid out as
+    # every other view is (80 columns, $COLUMNS, or unbounded with --wide).
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = ctx.console
+    return ctl_top.run(poller, console, wide=args.wide)
+
+
+def cmd_report(args, ctx: Ctx) -> int:
+    r = ctx.stub.Report(
+        pb.ReportRequest(since_seconds=args.since),
+        timeout=max(ctx.timeout, REPORT_TIMEOUT_SECONDS),
+    )
+    print_report(r.report_json, args.json, ctx.console)
+    return 0
+
+
+# The subcommands: build_parser adds a parser per name, main calls its handler
+# with the parsed arguments and a Ctx; a handler returns the exit status.
+COMMANDS: dict[str, Callable[[argparse.Namespace, Ctx], int]] = {
+    "status": cmd_status,
+    "mode": cmd_mode,
+    "plan": cmd_plan,
+    "qos": cmd_qos,
+    "explain": cmd_explain,
+    "top": cmd_top,
+    "report": cmd_report,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,11 +384,12 @@ def main(argv: list[str] | None = None) -> int:
         p.exit(2, f"dschedctl: error: {exc}\n")
     args.timeout = cfg.timeout
 
-    console = Console()
+    width = ctl_views.output_width(args.wide)
+    console = Console(highlight=False, width=width or 10_000)
     channel = admin_channel(cfg)
-    stub = pb_grpc.AdminServiceStub(channel)
+    ctx = Ctx(cfg, pb_grpc.AdminServiceStub(channel), console, width)
     try:
-        return _run(args, stub, console)
+        return COMMANDS[args.cmd](args, ctx)
     except grpc.RpcError as exc:
         code = exc.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -288,102 +411,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         channel.close()
-
-
-def _run(args, stub, console: Console) -> int:
-    t = args.timeout
-    if args.cmd == "status":
-        r = stub.Status(pb.StatusRequest(), timeout=t)
-        if args.json:
-            from google.protobuf.json_format import MessageToDict
-
-            print(json.dumps(MessageToDict(r), indent=2))
-            return 0
-        console.print(
-            f"mode [bold]{pb.Mode.Name(r.mode).lower().replace('_', '-')}[/], epoch {r.epoch}, "
-            f"{len(r.agents)} agent(s), {r.applications} app(s), {r.instances} instance(s), "
-            f"slot {r.slot_seconds:g} s, version {r.version}"
-        )
-        tab = Table("node", "cores", "cgroups", "instances", "report age s", "counters", "dry-run")
-        for a in r.agents:
-            tab.add_row(
-                a.node_id,
-                f"{a.cpu_capacity_cores:g}",
-                pb.CgroupMode.Name(a.cgroup_mode),
-                str(a.instances),
-                _fmt(a.last_report_age_seconds, 1),
-                ",".join(a.counters_available),
-                "yes" if a.dry_run else "no",
-            )
-        console.print(tab)
-        for line in engine_lines(r.engines):
-            # soft_wrap: a URL or a reason is never broken inside.
-            console.print(line, soft_wrap=True, markup=False)
-    elif args.cmd == "mode":
-        r = stub.SetMode(pb.SetModeRequest(mode=MODES[args.mode]), timeout=t)
-        prev = pb.Mode.Name(r.previous).lower().replace("_", "-")
-        console.print(f"mode {prev} -> {args.mode}")
-    elif args.cmd == "plan":
-        r = stub.GetPlan(pb.GetPlanRequest(), timeout=t)
-        if args.json:
-            print(r.record_json or "{}")
-            return 0
-        if not r.epoch:
-            console.print("no plan yet: the controller has not finished an epoch with data")
-            return 0
-        console.print(plan_table(r))
-        rec = json.loads(r.record_json) if r.record_json else {}
-        if rec.get("apps"):
-            console.print(apps_table(rec))
-        for note in rec.get("notes", []):
-            console.print(f"- {note}")
-        node = rec.get("node_recommendation")
-        if node:
-            console.print(f"- nodes: {node['nodes_delta']:+d} ({node['reason']})")
-    elif args.cmd == "qos":
-        if args.qos_cmd == "set":
-            r = stub.SetQos(pb.SetQosRequest(app=args.app, qos_class=args.qos_class), timeout=t)
-            held = "" if r.app_known else " (held until the application appears)"
-            console.print(f"{r.app}: {r.qos_class}{held}")
-        else:
-            r = stub.ListQos(pb.ListQosRequest(), timeout=t)
-            if args.json:
-                from google.protobuf.json_format import MessageToDict
-
-                print(
-                    json.dumps(
-                        MessageToDict(r, always_print_fields_with_no_presence=True), indent=2
-                    )
-                )
-                return 0
-            tab = Table("class", "target ms", "max violation", "weight", title="classes")
-            for c in r.classes:
-                tab.add_row(
-                    c.name,
-                    f"{c.target_latency_ms:g}",
-                    f"{c.max_violation_ratio:g}",
-                    f"{c.weight:g}",
-                )
-            console.print(tab)
-            tab = Table(
-                "app", "class", "known", "source", title=f"assignments (default {r.default_class})"
-            )
-            for a in r.assignments:
-                tab.add_row(
-                    a.app,
-                    a.qos_class,
-                    "yes" if a.app_known else "no",
-                    "default" if a.defaulted else "set",
-                )
-            console.print(tab)
-    elif args.cmd == "explain":
-        r = stub.Explain(pb.ExplainRequest(app=args.app, epochs=args.epochs), timeout=t)
-        if args.json:
-            print(r.records_json or "[]")
-            return 0
-        for line in r.lines:
-            console.print(line)
-    return 0
 
 
 if __name__ == "__main__":

@@ -13,15 +13,19 @@ docs/architecture.md follows one epoch through these files.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, itemgetter
 
 from controller.config import ControllerConfig
 from controller.memory import MemoryView
 from controller.model import Unmeasured
 from controller.qos import QosClass
 from controller.stages.allocation import Allocator, QosAllocation, violation_ratio
+from controller.stages.columns import KeyedColumn, values_in_order
 from controller.stages.demand import (
     DemandEstimator,
     InstanceDemand,
@@ -31,6 +35,7 @@ from controller.stages.demand import (
     WithLatencyTarget,
     app_latency_models,
     estimate_latency_seconds,
+    instance_demands,
     latency_budgets,
     latency_needs,
 )
@@ -38,9 +43,9 @@ from controller.stages.evaluate import OperatorView
 from controller.stages.forecast import OperatorForecast, forecast
 from controller.stages.hysteresis import (
     HysteresisStep,
-    apply_hysteresis,
-    fit_quantized_caps,
+    fit_quantized_columns,
     hold_caps,
+    hysteresis_columns,
 )
 from dsched.ids import InstanceKey, OperatorKey
 
@@ -83,13 +88,35 @@ class EpochResult:
     held: dict[InstanceKey, Unmeasured] = field(default_factory=dict)
     kappa_measured: dict[OperatorKey, float] = field(default_factory=dict)
     source_points: dict[OperatorKey, tuple[float, float]] = field(default_factory=dict)
-    timing: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+    # stage -> wall seconds, stage_cpu -> CPU seconds of the epoch's thread
+    timing: dict[str, float] = field(default_factory=dict)
 
     def caps_by_node(self) -> dict[str, dict[InstanceKey, float]]:
         out: dict[str, dict[InstanceKey, float]] = {}
         for key, (node, cap) in self.caps.items():
             out.setdefault(node, {})[key] = cap
         return out
+
+
+def _now() -> tuple[float, float]:
+    """(wall, this thread's CPU) seconds: stage timings report both, because on a
+    shared machine the wall time of a stage says as much about the neighbours."""
+    return time.perf_counter(), time.thread_time()
+
+
+def _spans(
+    stages: tuple[tuple[str, tuple[float, float], tuple[float, float]], ...],
+) -> dict[str, float]:
+    """stage -> wall seconds and stage_cpu -> CPU seconds."""
+    out = {}
+    for name, (w0, c0), (w1, c1) in stages:
+        out[name] = w1 - w0
+        out[f"{name}_cpu"] = c1 - c0
+    return out
+
+
+_node = attrgetter("node")  # of an InstanceDemand
+_app = itemgetter(0)  # of an InstanceKey
 
 
 def build_estimator(
@@ -115,16 +142,21 @@ def run_epoch(
     """Forecast, demand, allocation, hysteresis and caps for one epoch. Pure."""
     cfg = config
     views, classes, capacity = inputs.views, inputs.classes, inputs.capacity
-    t0 = time.perf_counter()
+    t0 = _now()
     fc = forecast(views, cfg.phi, memory.sources, memory.kappa, tuple(cfg.predictors))
     forecasts = fc.forecasts
-    t_demand = time.perf_counter()
+    t_demand = _now()
     budgets = latency_budgets(views, forecasts, {a: c.target_seconds for a, c in classes.items()})
     needs = latency_needs(views, forecasts, budgets, cfg.arrival_scv, cfg.service_scv)
-    estimator = build_estimator(cfg, needs)
-    demands: dict[InstanceKey, InstanceDemand] = {}
-    for op, view in views.items():
-        demands.update(estimator.estimate(view, forecasts[op]))
+    # build_estimator's composition, over all instances at once.
+    demands = instance_demands(
+        views,
+        forecasts,
+        needs,
+        cfg.max_instance_cores,
+        drain_seconds=cfg.backlog_drain_slots * cfg.slot_seconds,
+        floor_cores=cfg.min_cap_cores,
+    )
     models = (
         app_latency_models(
             views, forecasts, demands, cfg.min_cap_cores, cfg.arrival_scv, cfg.service_scv
@@ -138,30 +170,45 @@ def run_epoch(
     held_on: dict[str, float] = {}
     for k, s in held_steps.items():
         held_on[held[k].node] = held_on.get(held[k].node, 0.0) + s.cap
-    t_alloc = time.perf_counter()
+    t_alloc = _now()
     alloc = allocator.allocate(
         demands,
         {n: max(0.0, c - held_on.get(n, 0.0)) for n, c in capacity.items()},
         classes,
         models,
     )
-    t_hyst = time.perf_counter()
-    max_cap = {k: capacity.get(d.node, float("inf")) for k, d in demands.items()}
-    steps = apply_hysteresis(alloc.cores, memory.hysteresis, cfg.theta_cores, max_cap)
+    t_hyst = _now()
+    # Per-instance inputs as columns in the demands' order: the stages read
+    # them in a row instead of hashing every instance key (stages/columns.py).
+    keys = list(demands)
+    nodes = list(map(_node, demands.values()))
+    node_of = KeyedColumn(keys, nodes)
+    max_cap = KeyedColumn(keys, list(map(capacity.get, nodes, repeat(math.inf))))
+    # apply_hysteresis then fit_quantized_caps, on columns: the steps are built once.
+    cols = hysteresis_columns(alloc.cores, memory.hysteresis, cfg.theta_cores, max_cap)
     room = {n: max(0.0, c - cfg.headroom_cores) for n, c in capacity.items()}
-    steps = fit_quantized_caps(
-        steps,
+    weight = {a: c.weight for a, c in classes.items()}
+    fit_quantized_columns(
+        cols,
         alloc.cores,
-        {k: d.node for k, d in demands.items()},
-        {k: classes[k.app].weight for k in steps},
+        node_of,
+        KeyedColumn(cols.keys, list(map(weight.__getitem__, map(_app, cols.keys)))),
         {n: max(0.0, r - held_on.get(n, 0.0)) for n, r in room.items()},
         cfg.min_cap_cores,
     )
-    measured_caps = {k: s.cap for k, s in steps.items()}
-    caps = {k: (demands[k].node, s.cap) for k, s in steps.items()}
+    steps = cols.steps()
+    step_caps = cols.cap.tolist()
+    measured_caps = KeyedColumn(cols.keys, step_caps)
+    caps = dict(
+        zip(
+            steps,
+            zip(values_in_order(node_of, list(steps)), step_caps, strict=True),
+            strict=True,
+        )
+    )
     caps.update({k: (held[k].node, s.cap) for k, s in held_steps.items()})
     steps.update(held_steps)
-    t_estimate = time.perf_counter()
+    t_estimate = _now()
     estimates = estimate_latency_seconds(
         views,
         forecasts,
@@ -179,7 +226,7 @@ def run_epoch(
         if memory.peaks is not None
         else {}
     )
-    t_end = time.perf_counter()
+    t_end = _now()
     return EpochResult(
         epoch=inputs.epoch,
         now=inputs.now,
@@ -200,10 +247,14 @@ def run_epoch(
         kappa_measured=fc.kappa_measured,
         source_points=fc.source_points,
         timing={
-            "forecast": t_demand - t0,
-            "demand": t_alloc - t_demand,
-            "allocate": t_hyst - t_alloc,
-            "hysteresis": t_estimate - t_hyst,
-            "estimate": t_end - t_estimate,
+            **_spans(
+                (
+                    ("forecast", t0, t_demand),
+                    ("demand", t_demand, t_alloc),
+                    ("allocate", t_alloc, t_hyst),
+                    ("hysteresis", t_hyst, t_estimate),
+                    ("estimate", t_estimate, t_end),
+                )
+            ),
         },
     )

@@ -20,15 +20,20 @@ import math
 from collections import deque
 from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from controller.stages.evaluate import SlotRows
 from controller.stages.forecast import SourceHistory
 from controller.stages.hysteresis import HysteresisState
 from dsched.ids import InstanceKey, OperatorKey
 
 if TYPE_CHECKING:
     from controller.epoch import EpochResult
+
+
+_state = attrgetter("state")  # of a HysteresisStep
 
 
 class DemandPeaks:
@@ -127,6 +132,9 @@ class ControllerMemory:
     held_since: dict[InstanceKey, int] = field(default_factory=dict)
     #: Last measured CPU per tuple of each operator (for operators idle this window).
     kappa: dict[OperatorKey, float] = field(default_factory=dict)
+    #: What evaluate read from the slots last epoch: a cache of values that
+    #: cannot change (slots are frozen), not a memory the decisions depend on.
+    slot_rows: SlotRows = field(default_factory=SlotRows, compare=False, repr=False)
 
     @classmethod
     def resumed(
@@ -185,19 +193,20 @@ class ControllerMemory:
             self.sources.forget_except(set(result.views) | {k.operator_key for k in result.held})
         if self.peaks is not None:
             self.peaks.advance({k: d.cores for k, d in result.demands.items()}, keep=result.held)
-        for key in result.caps:
-            self.held_since.pop(key, None)
+        # Set operations between dicts reuse the hashes the dicts store; a loop
+        # over 20,000 instance keys would hash each again.
+        for key in [k for k in self.held_since if k in result.caps]:
+            del self.held_since[key]
+        missing = set(self.caps)
+        missing.difference_update(result.caps)
         held: dict[InstanceKey, tuple[str, float]] = {}
-        for key, value in self.caps.items():
-            if key in result.caps:
-                continue
+        for key in [k for k in self.caps if k in missing] if missing else ():
             since = self.held_since.setdefault(key, epoch)
             if epoch - since < self.forget_after_slots:
-                held[key] = value
+                held[key] = self.caps[key]
             else:
                 self.held_since.pop(key, None)
         self.caps = {**held, **result.caps}
-        self.hysteresis = {
-            **{k: s for k, s in self.hysteresis.items() if k in held},
-            **{k: s.state for k, s in result.steps.items()},
-        }
+        hysteresis = {k: s for k, s in self.hysteresis.items() if k in held} if held else {}
+        hysteresis.update(zip(result.steps, map(_state, result.steps.values()), strict=True))
+        self.hysteresis = hysteresis

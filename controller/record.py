@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from controller.stages.columns import values_in_order
 
 if TYPE_CHECKING:
     from controller.epoch import EpochResult
@@ -21,6 +26,15 @@ def _ms(seconds: float | None) -> float | None:
     if seconds is None or not math.isfinite(seconds):
         return None
     return 1000.0 * seconds
+
+
+def _per_view(ops: list, field: str, default: Any) -> list:
+    """One per-instance field of the views, in row order (``default`` where missing)."""
+    return list(
+        chain.from_iterable(
+            map(getattr(v, field).get, v.instances, repeat(default)) for _, v in ops
+        )
+    )
 
 
 def build_record(
@@ -39,73 +53,117 @@ def build_record(
     alloc, steps, classes, budgets = result.alloc, result.steps, result.classes, result.budgets
     estimates, predicted_violation = result.estimates, result.predicted_violation
     capacity, room, peaks = result.capacity, result.room, result.peaks
-    operators = []
     measured: dict[str, float] = {}
-    for op, v in views.items():
+    ops = list(views.items())
+    # One row per instance, views in key order and their instances in order.
+    # Columns are gathered with C-level maps and the rows built from them in
+    # one pass: at 20,000 instances a lookup-per-field loop cost more than
+    # the decisions it recorded.
+    counts = [len(v.instances) for _, v in ops]
+    keys = [k for _, v in ops for k in v.instances]
+    n = len(keys)
+    if n:
+        apps, names, indices = zip(*keys, strict=True)
+        _, nodes, demand, reason = zip(*values_in_order(demands, keys), strict=True)
+        cap, _, hysteresis, _ = zip(*values_in_order(steps, keys), strict=True)
+    else:
+        apps = names = indices = nodes = demand = reason = cap = hysteresis = ()
+    allocated = values_in_order(alloc.cores, keys)
+    cut = list(map(alloc.cut.get, keys, repeat(0.0)))
+    usage = _per_view(ops, "usage_by_instance", 0.0)
+    in_force = _per_view(ops, "cap_by_instance", None)
+    throttled = _per_view(ops, "throttled_by_instance", None)
+    queue = _per_view(ops, "queue_by_instance", 0.0)
+    instances = [
+        {
+            "app": a,
+            "operator": o,
+            "instance": i,
+            "node": nd,
+            "demand_cores": dc,
+            "demand_reason": dr,
+            "allocated_cores": al,
+            "cut_cores": cu,
+            "cap_cores": cp,
+            "hysteresis": hy,
+            "usage_cores": us,
+            "cap_in_force": cf,
+            "throttled_seconds": th,
+            "queue": q,
+        }
+        for a, o, i, nd, dc, dr, al, cu, cp, hy, us, cf, th, q in zip(
+            apps,
+            names,
+            indices,
+            nodes,
+            demand,
+            reason,
+            allocated,
+            cut,
+            cap,
+            hysteresis,
+            usage,
+            in_force,
+            throttled,
+            queue,
+            strict=True,
+        )
+    ]
+    if peaks:
+        for k, row in zip(keys, instances, strict=True):
+            if k in peaks:
+                row["peak_demand_cores"] = peaks[k]
+    cuts = [
+        {
+            "app": apps[j],
+            "operator": names[j],
+            "instance": indices[j],
+            "node": nodes[j],
+            "cut_cores": cut[j],
+            "reason": alloc.cut_reason.get(keys[j], ""),
+        }
+        for j in np.flatnonzero(np.asarray(cut, dtype=float) > 1e-9).tolist()
+    ]
+    # Sums in instance order, as a sum over each operator's (or app's) rows would add.
+    op_of = np.repeat(np.arange(len(ops)), counts)
+    op_demand = np.bincount(op_of, weights=demand, minlength=len(ops)).tolist()
+    op_cap = np.bincount(op_of, weights=cap, minlength=len(ops)).tolist()
+    app_ix: dict[str, int] = {}
+    for op, _ in ops:
+        app_ix.setdefault(op.app, len(app_ix))
+    app_of = np.repeat([app_ix[op.app] for op, _ in ops], counts).astype(int)
+    app_cap = np.bincount(app_of, weights=cap, minlength=len(app_ix)).tolist()
+    caps_by_app = {a: app_cap[i] for a, i in app_ix.items()}
+    operators = []
+    start = 0
+    for o, (op, v) in enumerate(ops):
         fc = forecasts[op]
         if v.latency_ms is not None:
             # End-to-end latency is reported where root tuples complete (sinks).
             measured[op.app] = max(measured.get(op.app, 0.0), v.latency_ms)
+        end = start + counts[o]
         operators.append(
             {
                 "app": op.app,
                 "operator": op.operator,
-                "instances": len(v.instances),
+                "instances": counts[o],
                 "arrival_rate": float(v.arrivals[-1]) if len(v.arrivals) else 0.0,
                 "predicted_rate": fc.rate,
                 "predictor": fc.predictor,
                 "candidates": fc.candidates,
                 "kappa": fc.kappa,
-                "selectivity": v.selectivity,
-                "demand_cores": sum(demands[k].cores for k in v.instances),
-                "cap_cores": sum(steps[k].cap for k in v.instances),
+                "selectivity": v.selectivity if fc.selectivity is None else fc.selectivity,
+                "demand_cores": op_demand[o] if counts[o] else 0,
+                "cap_cores": op_cap[o] if counts[o] else 0,
                 "usage_cores": v.usage_cores,
                 "queue": float(v.queue[-1]) if len(v.queue) else 0.0,
                 "latency_ms": v.latency_ms,
                 "service_ms": v.service_ms,
                 "latency_budget_ms": _ms(budgets.get(op)),
-                "reason": ", ".join(sorted({demands[k].reason for k in v.instances})),
+                "reason": ", ".join(sorted(set(reason[start:end]))),
             }
         )
-    instances = []
-    cuts = []
-    # Views are in key order and so are their instances: no sort, no lookups by view.
-    for view in views.values():
-        for k in view.instances:
-            s = steps[k]
-            d = demands[k]
-            cut = alloc.cut.get(k, 0.0)
-            instances.append(
-                {
-                    "app": k.app,
-                    "operator": k.operator,
-                    "instance": k.instance,
-                    "node": d.node,
-                    "demand_cores": d.cores,
-                    "demand_reason": d.reason,
-                    "allocated_cores": alloc.cores[k],
-                    "cut_cores": cut,
-                    "cap_cores": s.cap,
-                    "hysteresis": s.reason,
-                    "usage_cores": view.usage_by_instance.get(k, 0.0),
-                    "cap_in_force": view.cap_by_instance.get(k),
-                    "throttled_seconds": view.throttled_by_instance.get(k),
-                    "queue": view.queue_by_instance.get(k, 0.0),
-                }
-            )
-            if k in peaks:
-                instances[-1]["peak_demand_cores"] = peaks[k]
-            if cut > 1e-9:
-                cuts.append(
-                    {
-                        "app": k.app,
-                        "operator": k.operator,
-                        "instance": k.instance,
-                        "node": d.node,
-                        "cut_cores": cut,
-                        "reason": alloc.cut_reason.get(k, ""),
-                    }
-                )
+        start = end
     held = []
     for k, u in sorted(result.held.items()):
         step = steps.get(k)
@@ -125,9 +183,6 @@ def build_record(
         f"held {n} instance(s) at their caps: {why}"
         for why, n in sorted(Counter(row["reason"] for row in held).items())
     ]
-    caps_by_app: dict[str, float] = {}
-    for row in instances:
-        caps_by_app[row["app"]] = caps_by_app.get(row["app"], 0.0) + row["cap_cores"]
     apps = []
     for app, a in sorted(alloc.apps.items()):
         qos = classes[app]

@@ -442,3 +442,17 @@ class ExplainReply(_message.Message):
     lines: _containers.RepeatedScalarFieldContainer[str]
     records_json: str
     def __init__(self, app: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ..., records_json: _Optional[str] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("since_seconds", "max_epochs")
+    SINCE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    since_seconds: float
+    max_epochs: int
+    def __init__(self, since_seconds: _Optional[float] = ..., max_epochs: _Optional[int] = ...) -> None: ...
+
+class ReportReply(_message.Message):
+    __slots__ = ("report_json",)
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    report_json: str
+    def __init__(self, report_json: _Optional[str] = ...) -> None: ...

@@ -147,6 +147,11 @@ class AdminServiceStub:
                 request_serializer=dsched__pb_dot_dsched__pb2.ExplainRequest.SerializeToString,
                 response_deserializer=dsched__pb_dot_dsched__pb2.ExplainReply.FromString,
                 _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/dsched.v1.AdminService/Report',
+                request_serializer=dsched__pb_dot_dsched__pb2.ReportRequest.SerializeToString,
+                response_deserializer=dsched__pb_dot_dsched__pb2.ReportReply.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -190,6 +195,12 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Report(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -222,6 +233,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Explain,
                     request_deserializer=dsched__pb_dot_dsched__pb2.ExplainRequest.FromString,
                     response_serializer=dsched__pb_dot_dsched__pb2.ExplainReply.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=dsched__pb_dot_dsched__pb2.ReportRequest.FromString,
+                    response_serializer=dsched__pb_dot_dsched__pb2.ReportReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -388,6 +404,33 @@ class AdminService:
             '/dsched.v1.AdminService/Explain',
             dsched__pb_dot_dsched__pb2.ExplainRequest.SerializeToString,
             dsched__pb_dot_dsched__pb2.ExplainReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dsched.v1.AdminService/Report',
+            dsched__pb_dot_dsched__pb2.ReportRequest.SerializeToString,
+            dsched__pb_dot_dsched__pb2.ReportReply.FromString,
             options,
             channel_credentials,
             insecure,

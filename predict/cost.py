@@ -54,3 +54,34 @@ def cpu_per_tuple(
     if strategy == "mean_ratio":
         return float(np.mean(cpu[busy] / n[busy]))
     return float(cpu[busy].sum() / n[busy].sum())
+
+
+def cpu_per_tuple_many(cpu_seconds: np.ndarray, tuples: np.ndarray, window: int = 5) -> np.ndarray:
+    """``cpu_per_tuple(row_cpu, row_tuples, window)`` (``mean_ratio``) for every row of
+    two 2-D arrays; NaN for a row where no slot in the window processed a tuple.
+
+    Rows where every slot processed something are computed together (a row mean
+    adds in the same order as the mean of that row alone); the rare rows with an
+    idle slot go through :func:`cpu_per_tuple` one by one, so every value is the
+    one it gives. Bad input is the ValueError :func:`cpu_per_tuple` raises.
+    """
+    cpu = np.asarray(cpu_seconds, dtype=float)
+    n = np.asarray(tuples, dtype=float)
+    window = v.positive_int(window, "window")
+    if cpu.ndim != 2 or cpu.shape != n.shape or cpu.shape[1] == 0:
+        raise ValueError(
+            f"cpu_seconds and tuples must be 2-D arrays of one shape, got {cpu.shape} and {n.shape}"
+        )
+    cpu, n = cpu[:, -window:], n[:, -window:]
+    out = np.full(cpu.shape[0], np.nan)
+    ok = np.isfinite(cpu).all(axis=1) & np.isfinite(n).all(axis=1)
+    ok &= (cpu >= 0).all(axis=1) & (n >= 0).all(axis=1)
+    for i in np.flatnonzero(~ok):
+        cpu_per_tuple(cpu[i], n[i], window, default=np.nan)  # raises on bad input
+    busy = n > 0
+    full = ok & busy.all(axis=1)
+    if full.any():
+        out[full] = (cpu[full] / n[full]).mean(axis=1)
+    for i in np.flatnonzero(ok & ~full & busy.any(axis=1)):
+        out[i] = cpu_per_tuple(cpu[i], n[i], window)
+    return out

@@ -93,6 +93,40 @@ class LinearTrend:
         return self.predict(history, horizon).values
 
 
+def linear_trend_many(
+    histories: np.ndarray, window: int = 5, floor: float | None = 0.0
+) -> np.ndarray:
+    """``LinearTrend(window, floor).forecast(row, 1)[0]`` for every row of a 2-D array.
+
+    The controller forecasts thousands of short series per epoch; one call per
+    series cost more than the arithmetic. The same operations run on all rows
+    at once, in the same order (row means, then the per-row dot product through
+    a stacked ``matmul``, which calls the same dot routine as ``np.dot``), so
+    each value is the one :class:`LinearTrend` gives, to the bit. A row with a
+    non-finite value is a ValueError, as it is for :class:`LinearTrend`.
+    """
+    h = np.asarray(histories, dtype=float)
+    if h.ndim != 2 or h.shape[1] == 0:
+        raise ValueError(f"histories must be a 2-D array with at least one column, got {h.shape}")
+    window = v.positive_int(window, "window")
+    h = np.ascontiguousarray(h[:, -window:])
+    bad = ~np.isfinite(h).all(axis=1)
+    if bad.any():
+        LinearTrend(window, floor).predict(h[int(np.flatnonzero(bad)[0])])  # raises
+    n = h.shape[1]
+    if n == 1:
+        return _floor(h[:, 0].copy(), floor)
+    x = np.arange(n, dtype=float)
+    x_mean = x.mean()
+    dx = x - x_mean
+    y_mean = h.mean(axis=1)
+    centred = np.ascontiguousarray(h - y_mean[:, None])
+    num = np.matmul(np.broadcast_to(dx, h.shape)[:, None, :], centred[:, :, None])[:, 0, 0]
+    slope = num / np.dot(dx, dx)
+    ahead = (n - 1 + np.arange(1, 2, dtype=float) - x_mean)[0]
+    return _floor(y_mean + slope * ahead, floor)
+
+
 # ------------------------------------------------------------------------------ ARIMA
 
 

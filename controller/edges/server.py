@@ -37,6 +37,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
 import stat
@@ -57,6 +58,13 @@ from controller.config import ControllerConfig, socket_group_id, unix_socket_pat
 from controller.core import MODE_TO_PB, PB_TO_MODE, Controller
 from controller.edges.cluster import HelloRefused
 from controller.record import explain_lines
+from controller.shadow_report import (
+    DEFAULT_SINCE_SECONDS,
+    MAX_REPORT_EPOCHS,
+    MAX_SINCE_SECONDS,
+    ShadowReportBuilder,
+    report_json,
+)
 from dsched.config import is_loopback, parse_hostport
 from dsched.names import InvalidName, check_name
 from dsched.tls import TlsConfig
@@ -455,6 +463,36 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             lines=explain_lines(app, records),
             records_json=json.dumps([_app_view(r, app) for r in mine], default=float),
         )
+
+    async def Report(self, request, context):  # noqa: N802
+        since = request.since_seconds or DEFAULT_SINCE_SECONDS
+        if not (math.isfinite(since) and 0 < since <= MAX_SINCE_SECONDS):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"since_seconds must be within (0, {MAX_SINCE_SECONDS:.0f}], got {since}",
+            )
+        limit = request.max_epochs or MAX_REPORT_EPOCHS
+        if not 1 <= limit <= MAX_REPORT_EPOCHS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"max_epochs must be within 1..{MAX_REPORT_EPOCHS}, got {limit}",
+            )
+        return await self.server.admin_call(self._report, since, limit)
+
+    def _report(self, since: float, limit: int) -> pb.ReportReply:
+        """Streams the window through the report, one record decoded at a time."""
+        store, start = self.controller.store, self.controller.clock() - since
+        builder = ShadowReportBuilder(since, self.controller.config.phi)
+        # More records in the window than one report reads: the oldest of one
+        # more is not the oldest read.
+        before = next(store.decisions_since(start, limit + 1), None)
+        oldest = None
+        for rec in store.decisions_since(start, limit):
+            if oldest is None:
+                oldest = rec["epoch"]
+            builder.add(rec)
+        truncated = before is not None and before["epoch"] != oldest
+        return pb.ReportReply(report_json=report_json(builder.result(truncated)))
 
 
 def _app_view(rec: dict, app: str) -> dict:

@@ -31,6 +31,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -269,6 +270,11 @@ class QosAllocation:
     overflow: dict[str, float] = field(default_factory=dict)
 
 
+_first = itemgetter(0)  # InstanceKey.app
+_node = attrgetter("node")  # of a demand
+_cores = attrgetter("cores")
+
+
 @dataclass
 class InstanceTable:
     """Instances as parallel numpy arrays (the allocator's working form)."""
@@ -283,18 +289,20 @@ class InstanceTable:
 
     @classmethod
     def build(cls, demands: Mapping[InstanceKey, object], floor_cores: float) -> InstanceTable:
-        # One pass over the dict: key lookups (dataclass hashing) dominate at scale.
+        # Columns through C-level maps: per-instance Python loops dominate at scale.
         keys = list(demands)
-        rows = [(k.app, d.node, d.cores) for k, d in demands.items()]
-        apps = sorted({r[0] for r in rows})
-        nodes = sorted({r[1] for r in rows})
+        n = len(keys)
+        app_of = list(map(_first, keys))
+        node_of = list(map(_node, demands.values()))
+        apps = sorted(set(app_of))
+        nodes = sorted(set(node_of))
         node_ix = {n: i for i, n in enumerate(nodes)}
         app_ix = {a: i for i, a in enumerate(apps)}
-        demand = np.fromiter((r[2] for r in rows), float, len(rows))
+        demand = np.fromiter(map(_cores, demands.values()), float, n)
         return cls(
             keys,
-            np.fromiter((node_ix[r[1]] for r in rows), int, len(rows)),
-            np.fromiter((app_ix[r[0]] for r in rows), int, len(rows)),
+            np.fromiter(map(node_ix.__getitem__, node_of), int, n),
+            np.fromiter(map(app_ix.__getitem__, app_of), int, n),
             demand,
             np.minimum(demand, floor_cores),
             nodes,
@@ -315,9 +323,12 @@ def fit_nodes(
     out = alloc.copy()
     load = np.bincount(node, weights=out, minlength=len(room))
     overflow = np.maximum(load - room, 0.0)
+    # Each node's instances in index order, found once rather than by a scan per node.
+    by_node = np.argsort(node, kind="stable")
+    bounds = np.searchsorted(node[by_node], np.arange(len(room) + 1))
     for n in np.flatnonzero(overflow > 1e-12):
         excess = overflow[n]
-        on = np.flatnonzero(node == n)
+        on = by_node[bounds[n] : bounds[n + 1]]
         for w in np.unique(weight[on]):  # ascending: lightest class first
             grp = on[weight[on] == w]
             cuttable = np.maximum(out[grp] - floor[grp], 0.0)
@@ -409,17 +420,22 @@ class QosDpAllocator:
             recommendation=rec,
             overflow={t.nodes[n]: float(o) for n, o in enumerate(overflow) if o > 1e-9},
         )
-        short_dp = t.demand - alloc
-        short_node = alloc - fitted
-        for i in np.flatnonzero(t.demand - fitted > 1e-9):
-            k = t.keys[i]
-            result.cut[k] = float(t.demand[i] - fitted[i])
-            why = []
-            if short_dp[i] > 1e-9:
-                why.append(f"qos-dp {short_dp[i]:.3f}")
-            if short_node[i] > 1e-9:
-                why.append(f"node {t.nodes[t.node[i]]} full {short_node[i]:.3f}")
-            result.cut_reason[k] = ", ".join(why)
+        short = t.demand - fitted
+        cut = np.flatnonzero(short > 1e-9)
+        cut_keys = [t.keys[i] for i in cut.tolist()]
+        result.cut = dict(zip(cut_keys, short[cut].tolist(), strict=True))
+        result.cut_reason = dict(
+            zip(
+                cut_keys,
+                map(
+                    _cut_reason,
+                    (t.demand - alloc)[cut].tolist(),
+                    (alloc - fitted)[cut].tolist(),
+                    map(t.nodes.__getitem__, t.node[cut].tolist()),
+                ),
+                strict=True,
+            )
+        )
         app_alloc = np.bincount(t.app, weights=fitted, minlength=n_apps)
         for pos, a in enumerate(order):
             name = t.apps[a]
@@ -446,6 +462,15 @@ class QosDpAllocator:
         if self.value == "latency" and latency_models and app in latency_models:
             return latency_values(latency_models[app], extra, qos, unit)
         return covered_values(extra, qos.weight, unit)
+
+
+def _cut_reason(short_dp: float, short_node: float, node: str) -> str:
+    why = []
+    if short_dp > 1e-9:
+        why.append(f"qos-dp {short_dp:.3f}")
+    if short_node > 1e-9:
+        why.append(f"node {node} full {short_node:.3f}")
+    return ", ".join(why)
 
 
 def _share_within_weight(granted: np.ndarray, extra: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -25,15 +25,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import chain, repeat
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from controller.stages.columns import tuples, values_in_order
 from controller.stages.evaluate import OperatorView
 from controller.stages.forecast import OperatorForecast
 from dsched.dag import topological_order
 from dsched.ids import InstanceKey, OperatorKey
-from predict.queueing import min_service_rate_for_sojourn_many
+from predict.queueing import _ac_wait_array, min_service_rate_for_sojourn_many
 
 
 class InstanceDemand(NamedTuple):
@@ -101,6 +103,66 @@ class WithFloor:
             else InstanceDemand(k, d.node, self.floor_cores, "floor")
             for k, d in self.inner.estimate(view, fc).items()
         }
+
+
+# Reason codes of instance_demands, in the order the layers apply them.
+_REASONS = ("rate", "latency", "latency-unreachable", "backlog", "floor")
+_RATE, _LATENCY, _UNREACHABLE, _BACKLOG, _FLOOR = range(len(_REASONS))
+
+
+def instance_demands(
+    views: Mapping[OperatorKey, OperatorView],
+    forecasts: Mapping[OperatorKey, OperatorForecast],
+    needs: Mapping[OperatorKey, float] | None,
+    max_instance_cores: float,
+    drain_seconds: float,
+    floor_cores: float,
+) -> dict[InstanceKey, InstanceDemand]:
+    """Every instance's demand from ``WithFloor(WithBacklogDrain(WithLatencyTarget(
+    RateDemand(), needs, max_instance_cores), drain_seconds), floor_cores)`` (without
+    the latency layer when ``needs`` is None), over all instances at once.
+
+    Each layer's arithmetic and comparisons are the estimators' own, in the same
+    order, on arrays instead of one instance at a time, so demands and reasons
+    are the same to the bit (tests/test_epoch_vectorised.py checks it); the
+    estimators stay the readable definition.
+    """
+    ops = list(views.values())
+    if not ops:
+        return {}
+    counts = np.fromiter((len(v.instances) for v in ops), int, len(ops))
+    rate = np.fromiter((forecasts[v.key].rate for v in ops), float, len(ops))
+    kappa = np.fromiter((forecasts[v.key].kappa for v in ops), float, len(ops))
+    keys = [k for v in ops for k in v.instances]
+    nodes = [n for v in ops for n in map(v.nodes.__getitem__, v.instances)]
+    queue = np.fromiter(
+        chain.from_iterable(map(v.queue_by_instance.get, v.instances, repeat(0.0)) for v in ops),
+        float,
+        len(keys),
+    )
+    # RateDemand: psi * kappa / T, the same for every instance of an operator.
+    cores = np.repeat(rate * kappa / np.maximum(1, counts), counts)
+    reason = np.full(len(keys), _RATE)
+    if needs is not None:
+        has = np.fromiter((v.key in needs for v in ops), bool, len(ops))
+        need = np.fromiter((needs.get(v.key, 0.0) for v in ops), float, len(ops))
+        why = np.where(need > max_instance_cores, _UNREACHABLE, _LATENCY)
+        need = np.where(need > max_instance_cores, max_instance_cores, need)
+        need, why, has = np.repeat(need, counts), np.repeat(why, counts), np.repeat(has, counts)
+        raise_ = has & ~(cores >= need)
+        cores = np.where(raise_, need, cores)
+        reason = np.where(raise_, why, reason)
+    inst_kappa = np.repeat(kappa, counts)
+    extra = queue * inst_kappa / drain_seconds
+    reason = np.where(extra > cores, _BACKLOG, reason)
+    cores = cores + extra
+    low = ~(cores >= floor_cores)
+    cores = np.where(low, floor_cores, cores)
+    reason = np.where(low, _FLOOR, reason)
+    reasons = list(map(_REASONS.__getitem__, reason.tolist()))
+    return dict(
+        zip(keys, tuples(InstanceDemand, keys, nodes, cores.tolist(), reasons), strict=True)
+    )
 
 
 # An instance that is one thread cannot use more than one core, so a cap above
@@ -282,21 +344,61 @@ def estimate_latency_seconds(
     max_instance_cores: float = MAX_INSTANCE_CORES,
 ) -> dict[str, float]:
     """Allen–Cunneen critical-path latency of each application under ``caps``
-    (inf when an operator's caps cannot keep up with its predicted arrivals)."""
-    out = {}
-    for app, ordered in _operators_by_app(views).items():
-        # Every core is a floor here: the model's extra CPU is zero.
-        floors = np.array(
-            [
-                sum(
-                    min(caps.get(i, max_instance_cores), max_instance_cores)
-                    for i in views[k].instances
-                )
-                for k in ordered
-            ]
-        )
-        model = _latency_model(
-            views, forecasts, ordered, np.zeros(len(ordered)), floors, arrival_scv, service_scv
-        )
-        out[app] = float(model.latency_seconds(np.zeros(1))[0])
-    return out
+    (inf when an operator's caps cannot keep up with its predicted arrivals).
+
+    Every application's :meth:`AppLatencyModel.latency_seconds` at no extra CPU
+    (every core is a floor), computed for all operators of all applications at
+    once: the per-operator arithmetic is element-wise, and the critical path is
+    taken one topological position at a time across applications, so each
+    value is the one the per-application model gives."""
+    ordered_by_app = _operators_by_app(views)
+    if not ordered_by_app:
+        return {}
+    # Each operator's floors: the sum over its instances, in instance order.
+    view_ops = list(views)
+    counts = [len(views[k].instances) for k in view_ops]
+    inst = [i for k in view_ops for i in views[k].instances]
+    capped = np.minimum(
+        np.array(values_in_order(caps, inst, max_instance_cores), dtype=float),
+        max_instance_cores,
+    )
+    op_floor = np.bincount(
+        np.repeat(np.arange(len(view_ops)), counts), weights=capped, minlength=len(view_ops)
+    )
+    floor_of = dict(zip(view_ops, op_floor.tolist(), strict=True))
+    apps = list(ordered_by_app)
+    ops = [k for app in apps for k in ordered_by_app[app]]
+    sizes = [len(ordered_by_app[app]) for app in apps]
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(int)
+    lam = np.array([forecasts[k].rate for k in ops])
+    m = np.array([len(views[k].instances) for k in ops], dtype=float)
+    kappa_raw = np.array([forecasts[k].kappa for k in ops])
+    floor = np.array([floor_of[k] for k in ops])
+    # AppLatencyModel.latency_seconds with share = 0 and extra = 0.
+    op_cores = floor + 0.0 * 0.0
+    kappa = np.maximum(kappa_raw, 1e-12)
+    mu = np.maximum(op_cores / m, 1e-12) / kappa
+    wait = _ac_wait_array(lam, mu, m, (arrival_scv + service_scv) / 2)
+    sojourn = np.where(lam > 0, wait + 1 / mu, np.where(kappa_raw > 0, 1 / mu, 0.0))
+    # Parents as flat indices, and each operator's position in its app's order.
+    position = np.concatenate([np.arange(n) for n in sizes])
+    child, parent = [], []
+    for app, first in zip(apps, starts.tolist(), strict=True):
+        index = {k.operator: first + i for i, k in enumerate(ordered_by_app[app])}
+        for i, k in enumerate(ordered_by_app[app]):
+            for p in views[k].upstream:
+                if p in index:
+                    child.append(first + i)
+                    parent.append(index[p])
+    child_a, parent_a = np.array(child, dtype=int), np.array(parent, dtype=int)
+    has_parent = np.zeros(len(ops), dtype=bool)
+    has_parent[child_a] = True
+    path = np.zeros(len(ops))
+    for pos in range(max(sizes)):
+        at = np.flatnonzero(position == pos)
+        before = np.full(len(ops), -np.inf)
+        edges = np.flatnonzero(position[child_a] == pos)
+        np.maximum.at(before, child_a[edges], path[parent_a[edges]])
+        path[at] = np.where(has_parent[at], before[at], 0.0) + sojourn[at]
+    worst = np.maximum.reduceat(path, starts).tolist()
+    return dict(zip(apps, worst, strict=True))

@@ -8,7 +8,9 @@ observed cluster and returns new values.
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter, is_, itemgetter
 from typing import Protocol
 
 import numpy as np
@@ -64,54 +66,228 @@ class Observed(Protocol):
     histories: Mapping[InstanceKey, InstanceHistory]
 
 
+# What the views take from every slot of the window, and from the newest slot only.
+_WINDOW_FIELDS = (
+    "seconds",
+    "arrivals",
+    "executed",
+    "emitted",
+    "cpu_seconds",
+    "queue_length",
+    "service_seconds",
+    # Needed of the newest slot only; read with the rest, as each slot is read once.
+    "latency_sum_seconds",
+    "latency_count",
+    "timestamp",
+)
+_window_of = attrgetter(*_WINDOW_FIELDS)
+_WIDTH = len(_WINDOW_FIELDS)
+
+
+@dataclass
+class SlotRows:
+    """Each instance's slot values as read in the last epoch.
+
+    Reading a field of a slot object costs more than all the arithmetic done
+    on it (20,000 instances' slots lie all over memory), and a slot stays in
+    its instance's window for phi epochs. Between two epochs an instance's
+    deque usually gains one slot at the end (dropping the oldest when full):
+    then only that slot is read, and the rest are shifted from ``rows``.
+    Which case applies is decided by identity: the history objects must be the
+    very ones of the last call, in the same order, and the newest slot seen
+    then must now sit just before the end (or still at it, with nothing new).
+    Slots are frozen and histories only append, so a cached value is always
+    the one the slot holds. Anything else is read afresh. It changes how fast
+    the views are made, never their values.
+    """
+
+    histories: list = field(default_factory=list)  # held: their identities are the check
+    newest: list = field(default_factory=list)  # each one's newest slot when read
+    lengths: list[int] = field(default_factory=list)
+    # rows[i, depth - k:] are instance i's k slots, oldest first, right-aligned.
+    rows: np.ndarray = field(default_factory=lambda: np.empty((0, 0, _WIDTH)))
+
+    def read(self, hists: list, deques: list) -> np.ndarray:
+        """(instance, position, field) values, right-aligned to the longest deque."""
+        lengths = list(map(len, deques))
+        depth = max(lengths)
+        n = len(deques)
+        aligned = (
+            depth == self.rows.shape[1]
+            and len(hists) == len(self.histories)
+            and all(map(is_, hists, self.histories))
+        )
+        newest = list(map(_last, deques))
+        if aligned:
+            # Changed in place: the caller gets copies (fancy indexing), and
+            # every read below happens before the first write, so an error
+            # leaves the cache as it was.
+            rows = self.rows
+            now, was = np.asarray(lengths), np.asarray(self.lengths)
+            same = np.fromiter(map(is_, newest, self.newest), bool, n)
+            # One slot more (the oldest dropped when the deque was full).
+            grew = np.flatnonzero(~same & (now >= 2) & (now == np.minimum(was + 1, depth)))
+            before = map(_second_last, [deques[i] for i in grew.tolist()])
+            seen = [self.newest[i] for i in grew.tolist()]
+            one_more = np.fromiter(map(is_, before, seen), bool, len(grew))
+            shifted = grew[one_more].tolist()
+            keep = same & (now == was)
+            keep[shifted] = True
+            fresh = np.flatnonzero(~keep).tolist()
+        else:
+            rows = np.zeros((n, depth, _WIDTH))
+            shifted, fresh = [], list(range(n))
+        appended = _read([newest[i] for i in shifted]) if shifted else None
+        counts = [lengths[i] for i in fresh]
+        values = _read([s for i in fresh for s in deques[i]]) if fresh else None
+        if shifted:
+            rows[shifted, :-1] = rows[shifted, 1:]
+            rows[shifted, -1] = appended
+        if fresh:
+            pos = depth - np.repeat(counts, counts) + _ranks(counts)
+            rows[np.repeat(fresh, counts), pos] = values
+        self.histories, self.rows, self.lengths = hists, rows, lengths
+        self.newest = newest
+        return rows
+
+
+def _ranks(counts: list[int]) -> np.ndarray:
+    """0, 1, .., c - 1 for each count c, concatenated."""
+    total = int(sum(counts))
+    starts = np.repeat(np.cumsum([0, *counts[:-1]]), counts)
+    return np.arange(total) - starts
+
+
+def _read(slots: list) -> np.ndarray:
+    return np.fromiter(
+        chain.from_iterable(map(_window_of, slots)), float, len(slots) * _WIDTH
+    ).reshape(len(slots), _WIDTH)
+
+
+(
+    _SECONDS,
+    _ARRIVALS,
+    _EXECUTED,
+    _EMITTED,
+    _CPU,
+    _QUEUE,
+    _SERVICE,
+    _LATENCY_SUM,
+    _LATENCY_COUNT,
+    _TIMESTAMP,
+) = range(len(_WINDOW_FIELDS))
+_cap_of = attrgetter("cap_cores")
+_throttled_of = attrgetter("throttled_seconds")
+_key_of = attrgetter("key")
+_last = itemgetter(-1)
+_second_last = itemgetter(-2)
+
+
 def evaluate(
-    cluster: Observed, phi: int, exclude: Container[InstanceKey] = ()
+    cluster: Observed,
+    phi: int,
+    exclude: Container[InstanceKey] = (),
+    rows: SlotRows | None = None,
 ) -> dict[OperatorKey, OperatorView]:
     """Views of every operator with slots. Instances in ``exclude`` (unmeasured this
-    slot: their engine's counters are missing) are left out; the epoch holds their caps."""
-    by_op: dict[OperatorKey, list] = {}
-    for h in cluster.histories.values():
-        if h.slots and h.key not in exclude:
-            by_op.setdefault(h.key.operator_key, []).append(h)
+    slot: their engine's counters are missing) are left out; the epoch holds their caps.
+    ``rows``, when given, remembers the values read from slots between calls
+    (:class:`SlotRows`).
+
+    All instances are summed at once: their window slots are read into one
+    array (instance by instance, oldest slot first) and summed per (operator,
+    slot) with ``bincount``, which adds in that order, the order of a sum over
+    the instances one by one; so the views equal those of a loop over the
+    instances to the last bit (tests/test_epoch_vectorised.py holds that loop).
+    """
+    hists = [h for h in cluster.histories.values() if h.slots]
+    if exclude:  # usually empty: then no key is hashed
+        hists = [h for h in hists if h.key not in exclude]
+    if not hists:
+        return {}
+    # Operators in key order, instances by index within each.
+    hists.sort(key=_key_of)
+    keys = [h.key for h in hists]
+    first = [0] + [
+        i
+        for i, (a, b) in enumerate(zip(keys, keys[1:], strict=False), start=1)
+        if a.app != b.app or a.operator != b.operator
+    ]
+    n_ops, n_inst = len(first), len(hists)
+    starts = np.asarray(first)
+    ends = np.append(starts[1:], n_inst)
+    per_op = ends - starts  # instances per operator
+    op_of = np.repeat(np.arange(n_ops), per_op)
+    deques = [h.slots for h in hists]
+    lengths = np.fromiter(map(len, deques), int, n_inst)
+    # Instances on different nodes report on their own clocks; align by
+    # recency (the k-th newest slot of each) over the slots all of them have.
+    window = np.minimum(np.minimum.reduceat(lengths, starts), phi)
+    take = window[op_of]
+    # Each instance's last ``take`` slots, instance by instance, oldest first.
+    cached = (rows if rows is not None else SlotRows()).read(hists, deques)
+    depth = cached.shape[1]
+    inst = np.repeat(np.arange(n_inst), take)
+    values = cached[inst, depth - np.repeat(take, take) + _ranks(take.tolist())]
+    n_slots = len(values)
+    # Slot j of operator o sums into row slot_start[o] + j.
+    slot_start = np.concatenate(([0], np.cumsum(window)[:-1]))
+    inst_first_slot = np.concatenate(([0], np.cumsum(take)[:-1]))
+    position = np.arange(n_slots) - np.repeat(inst_first_slot, take)
+    row = np.repeat(slot_start[op_of], take) + position
+    n_rows = int(window.sum())
+    sums = [np.bincount(row, weights=values[:, c], minlength=n_rows) for c in range(_SERVICE)]
+    secs = sums[_SECONDS] / np.repeat(per_op, window)
+    arrivals = sums[_ARRIVALS] / secs
+    executed = sums[_EXECUTED] / secs
+    emitted = sums[_EMITTED] / secs
+    flat_op = np.repeat(op_of, take)
+    service = np.bincount(flat_op, weights=values[:, _SERVICE], minlength=n_ops).tolist()
+    service_count = np.bincount(flat_op, weights=values[:, _EXECUTED], minlength=n_ops).tolist()
+    # The newest slot of each instance.
+    last_rows = inst_first_slot + take - 1
+    last_values = values[last_rows]
+    last_slots = [d[-1] for d in deques]
+    lat_sum = np.bincount(op_of, weights=last_values[:, _LATENCY_SUM], minlength=n_ops).tolist()
+    lat_count = np.bincount(op_of, weights=last_values[:, _LATENCY_COUNT], minlength=n_ops)
+    lat_count = lat_count.tolist()
+    newest = np.maximum.reduceat(last_values[:, _TIMESTAMP], starts).tolist()
+    last_secs = last_values[:, _SECONDS]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        usage = np.where(last_secs > 0, last_values[:, _CPU] / last_secs, 0.0).tolist()
+    queue_last = last_values[:, _QUEUE].tolist()
+    caps = list(map(_cap_of, last_slots))
+    throttled = list(map(_throttled_of, last_slots))
     views: dict[OperatorKey, OperatorView] = {}
-    for op, hists in sorted(by_op.items()):
-        hists.sort(key=lambda h: h.key.instance)
-        # Instances on different nodes report on their own clocks; align by
-        # recency (the k-th newest slot of each) over the slots all of them have.
-        n = min(phi, min(len(h.slots) for h in hists))
-        rows = [list(h.slots)[-n:] for h in hists]
-        secs = np.array([sum(r[i].seconds for r in rows) / len(rows) for i in range(n)])
-
-        def per_second(attr: str, rows=rows, secs=secs, n=n) -> np.ndarray:
-            return np.array([sum(getattr(r[i], attr) for r in rows) for i in range(n)]) / secs
-
-        last = [r[-1] for r in rows]
-        lat_count = sum(s.latency_count for s in last)
-        svc_count = sum(s.executed for r in rows for s in r)
+    bounds = zip(
+        first,
+        ends.tolist(),
+        slot_start.tolist(),
+        (slot_start + window).tolist(),
+        strict=True,
+    )
+    for o, (s, e, a, b) in enumerate(bounds):
+        ks = keys[s:e]
+        group = hists[s:e]
+        op = OperatorKey(ks[0].app, ks[0].operator)
         views[op] = OperatorView(
             key=op,
-            instances=[h.key for h in hists],
-            nodes={h.key: h.node for h in hists},
-            stateful=any(h.stateful for h in hists),
-            upstream=hists[0].upstream,
-            seconds=secs,
-            arrivals=per_second("arrivals"),
-            executed=per_second("executed"),
-            emitted=per_second("emitted"),
-            cpu_seconds=np.array([sum(r[i].cpu_seconds for r in rows) for i in range(n)]),
-            queue=np.array([sum(r[i].queue_length for r in rows) for i in range(n)]),
-            queue_by_instance={h.key: r[-1].queue_length for h, r in zip(hists, rows, strict=True)},
-            usage_by_instance={h.key: r[-1].usage_cores for h, r in zip(hists, rows, strict=True)},
-            cap_by_instance={h.key: r[-1].cap_cores for h, r in zip(hists, rows, strict=True)},
-            throttled_by_instance={
-                h.key: r[-1].throttled_seconds for h, r in zip(hists, rows, strict=True)
-            },
-            latency_ms=(1000 * sum(s.latency_sum_seconds for s in last) / lat_count)
-            if lat_count
-            else None,
-            service_ms=(1000 * sum(s.service_seconds for r in rows for s in r) / svc_count)
-            if svc_count
-            else None,
-            last_timestamp=max(s.timestamp for s in last),
+            instances=ks,
+            nodes={h.key: h.node for h in group},
+            stateful=any(h.stateful for h in group),
+            upstream=group[0].upstream,
+            seconds=secs[a:b],
+            arrivals=arrivals[a:b],
+            executed=executed[a:b],
+            emitted=emitted[a:b],
+            cpu_seconds=sums[_CPU][a:b],
+            queue=sums[_QUEUE][a:b],
+            queue_by_instance=dict(zip(ks, queue_last[s:e], strict=True)),
+            usage_by_instance=dict(zip(ks, usage[s:e], strict=True)),
+            cap_by_instance=dict(zip(ks, caps[s:e], strict=True)),
+            throttled_by_instance=dict(zip(ks, throttled[s:e], strict=True)),
+            latency_ms=(1000 * lat_sum[o] / lat_count[o]) if lat_count[o] else None,
+            service_ms=(1000 * service[o] / service_count[o]) if service_count[o] else None,
+            last_timestamp=newest[o],
         )
     return views

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
 
+from controller.stages.columns import tuples, values_in_order
 from dsched.ids import InstanceKey
 
 
@@ -94,6 +97,69 @@ def hold_caps(
     return steps
 
 
+def quantize_many(demand_cores: np.ndarray, theta: float) -> np.ndarray:
+    """:func:`quantize` of every value, to the bit.
+
+    ``ceil(round(x, 9))`` equals ``ceil(x)`` unless ``x`` lies within rounding
+    distance of an integer; only those values take Python's ``round``. The few
+    distinct step counts are then multiplied out with Python's ``round`` too,
+    so no value depends on numpy rounding differently from Python.
+    """
+    d = np.asarray(demand_cores, dtype=float)
+    if theta <= 0:
+        raise ValueError("theta must be positive")
+    bad = ~np.isfinite(d) | (d < 0)
+    if bad.any():
+        quantize(float(d[np.flatnonzero(bad)[0]]), theta)  # raises, naming the value
+    x = (d + theta / 2) / theta
+    steps = np.ceil(x)
+    near = np.flatnonzero(np.abs(x - np.rint(x)) < 1e-6)
+    if len(near):
+        steps[near] = [math.ceil(round(v, 9)) for v in x[near].tolist()]
+    unique, inverse = np.unique(steps, return_inverse=True)
+    return np.array([round(n * theta, 9) for n in unique.tolist()])[inverse.reshape(-1)]
+
+
+_REASONS = ("first", "raise", "lower", "hold")
+_FIRST, _RAISE, _LOWER, _HOLD = range(len(_REASONS))
+
+
+@dataclass
+class StepColumns:
+    """The epoch's hysteresis steps as columns, one row per instance.
+
+    The epoch computes hysteresis and then anti-saturation on these and builds
+    the :class:`HysteresisStep` objects once (:meth:`steps`), instead of once
+    per stage."""
+
+    keys: list[InstanceKey]
+    cap: np.ndarray
+    changed: np.ndarray  # bool
+    reason: list[str]
+    demand: list  # the state's demand (the allocation this epoch), as given
+    accumulated: np.ndarray
+
+    def steps(self) -> dict[InstanceKey, HysteresisStep]:
+        caps = self.cap.tolist()
+        states = tuples(HysteresisState, caps, self.demand, self.accumulated.tolist())
+        steps = tuples(HysteresisStep, caps, self.changed.tolist(), self.reason, states)
+        return dict(zip(self.keys, steps, strict=True))
+
+    @classmethod
+    def of(cls, steps: Mapping[InstanceKey, HysteresisStep]) -> StepColumns:
+        keys = list(steps)
+        cap, changed, reason, states = zip(*steps.values(), strict=True) if keys else ((),) * 4
+        _, demand, accumulated = zip(*states, strict=True) if keys else ((),) * 3
+        return cls(
+            keys,
+            np.array(cap, dtype=float),
+            np.array(changed, dtype=bool),
+            list(reason),
+            list(demand),
+            np.array(accumulated, dtype=float),
+        )
+
+
 def apply_hysteresis(
     allocated: Mapping[InstanceKey, float],
     memory: Mapping[InstanceKey, HysteresisState],
@@ -103,15 +169,53 @@ def apply_hysteresis(
     """Per instance: raise at once, lower after theta/2, quantize; never above the node.
 
     ``memory`` is read only; each step carries the instance's new state."""
-    steps = {}
-    for k, cores in allocated.items():
-        s = step(memory.get(k, _FRESH), cores, theta)
-        limit = max_cap.get(k, math.inf)
-        if s.cap > limit:
-            # Quantizing up must not push a cap past what the node can give.
-            s = HysteresisStep(limit, s.changed, s.reason, s.state._replace(cap=limit))
-        steps[k] = s
-    return steps
+    return hysteresis_columns(allocated, memory, theta, max_cap).steps()
+
+
+def hysteresis_columns(
+    allocated: Mapping[InstanceKey, float],
+    memory: Mapping[InstanceKey, HysteresisState],
+    theta: float,
+    max_cap: Mapping[InstanceKey, float],
+) -> StepColumns:
+    """:func:`apply_hysteresis` as columns. This is :func:`step` for every
+    instance at once: the same comparisons and arithmetic in the same order on
+    arrays, so each step equals the one :func:`step` makes (and the clamp to
+    ``max_cap`` the one the per-instance loop made; tests/test_epoch_vectorised.py
+    checks both)."""
+    keys = list(allocated)
+    n = len(keys)
+    demand_in = list(allocated.values())
+    if not keys:
+        empty = np.empty(0)
+        return StepColumns([], empty, empty.astype(bool), [], [], empty)
+    demand = np.fromiter(demand_in, float, n)
+    target = quantize_many(demand, theta)
+    old_cap, old_demand, old_acc = zip(*values_in_order(memory, keys, _FRESH), strict=True)
+    fresh = np.fromiter((c is None for c in old_cap), bool, n)
+    no_prev = np.fromiter((p is None for p in old_demand), bool, n)
+    cap = np.array([0.0 if c is None else c for c in old_cap], dtype=float)
+    prev = np.array([0.0 if p is None else p for p in old_demand], dtype=float)
+    acc = np.fromiter(old_acc, float, n)
+    raise_ = ~fresh & (target > cap)
+    # Net decrease since the last change: a rise that stays under the cap
+    # cancels part of an earlier fall instead of being forgotten.
+    fell = acc + prev - demand
+    accumulated = np.where(no_prev, acc, np.where(fell > 0.0, fell, 0.0))
+    lower = ~fresh & ~raise_ & (target < cap) & (accumulated >= theta / 2 - 1e-12)
+    hold = ~(fresh | raise_ | lower)
+    reason = np.select([fresh, raise_, lower], [_FIRST, _RAISE, _LOWER], _HOLD)
+    new_cap = np.where(hold, cap, target)
+    limit = np.fromiter(values_in_order(max_cap, keys, math.inf), float, n)
+    # Quantizing up must not push a cap past what the node can give.
+    return StepColumns(
+        keys,
+        np.where(new_cap > limit, limit, new_cap),
+        ~hold,
+        list(map(_REASONS.__getitem__, reason.tolist())),
+        demand_in,
+        np.where(hold, accumulated, 0.0),
+    )
 
 
 def _prior_in_group(group: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -141,26 +245,51 @@ def fit_quantized_caps(
     never below ``min_cap``. Caps lowered here need not be multiples of theta:
     the node's room wins over the granularity. Vectorized over all instances.
     """
+    out = dict(steps)
     if not steps:
-        return {}
-    keys = list(steps)
-    nodes = sorted({node_of[k] for k in keys})
+        return out
+    cols = StepColumns.of(steps)
+    rows = fit_quantized_columns(cols, allocated, node_of, weight_of, room, min_cap).tolist()
+    keys = [cols.keys[i] for i in rows]
+    caps = cols.cap[rows].tolist()
+    states = tuples(HysteresisState, caps, [cols.demand[i] for i in rows], repeat(0.0, len(rows)))
+    n = len(rows)
+    fitted = tuples(HysteresisStep, caps, repeat(True, n), repeat("fit-node", n), states)
+    out.update(zip(keys, fitted, strict=True))
+    return out
+
+
+def fit_quantized_columns(
+    cols: StepColumns,
+    allocated: Mapping[InstanceKey, float],
+    node_of: Mapping[InstanceKey, str],
+    weight_of: Mapping[InstanceKey, float],
+    room: Mapping[str, float],
+    min_cap: float,
+) -> np.ndarray:
+    """:func:`fit_quantized_caps` on columns, changed in place (caps lowered
+    here get reason "fit-node" and a fresh accumulated decrease); the rows
+    it changed."""
+    keys = cols.keys
+    none = np.empty(0, dtype=int)
+    if not keys:
+        return none
+    node_names = values_in_order(node_of, keys)
+    nodes = sorted(set(node_names))
     node_ix = {n: i for i, n in enumerate(nodes)}
-    node = np.fromiter((node_ix[node_of[k]] for k in keys), int, len(keys))
-    caps = np.fromiter((steps[k].cap for k in keys), float, len(keys))
+    node = np.fromiter(map(node_ix.__getitem__, node_names), int, len(keys))
+    caps = cols.cap
     load = np.bincount(node, weights=caps, minlength=len(nodes))
     limit = np.array([room.get(n, math.inf) for n in nodes])
     over_node = load - limit
     hot = over_node[node] > 1e-9
-    out = dict(steps)
     if not hot.any():
-        return out
+        return none
     idx = np.flatnonzero(hot)
-    hkeys = [keys[i] for i in idx]
     hnode, hcap = node[idx], caps[idx]
-    weight = np.fromiter((weight_of.get(k, 1.0) for k in hkeys), float, len(hkeys))
+    weight = np.array(values_in_order(weight_of, keys, 1.0), dtype=float)[idx]
     floor = np.minimum(min_cap, hcap)
-    alloc = np.fromiter((allocated.get(k, 0.0) for k in hkeys), float, len(hkeys))
+    alloc = np.array(values_in_order(allocated, keys, 0.0), dtype=float)[idx]
     target = np.maximum(alloc, floor)
     # 1: rounding margins, lightest class first, largest margin first.
     margin = np.maximum(hcap - target, 0.0)
@@ -183,8 +312,11 @@ def fit_quantized_caps(
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(gcut > 0, gtake / gcut, 0.0)
         new -= cuttable * share[ginv]
-    for j in np.flatnonzero(new < hcap - 1e-12):
-        k = hkeys[j]
-        c = round(float(new[j]), 9)
-        out[k] = HysteresisStep(c, True, "fit-node", HysteresisState(c, steps[k].state.demand, 0.0))
-    return out
+    cut = np.flatnonzero(new < hcap - 1e-12)
+    rows = idx[cut]
+    cols.cap[rows] = list(map(round, new[cut].tolist(), repeat(9)))
+    cols.changed[rows] = True
+    cols.accumulated[rows] = 0.0
+    for i in rows.tolist():
+        cols.reason[i] = "fit-node"
+    return rows

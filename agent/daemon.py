@@ -2,9 +2,11 @@
 
 Reads /etc/dsched/agent.toml (or --config), applies command-line overrides,
 re-adopts its cgroup tree, serves the registration socket and /metrics, and
-keeps one stream to the controller. SIGTERM / SIGINT stop it cleanly; caps are
-left in place so a restarted agent (or none at all) keeps enforcing them.
-A bad configuration prints one line naming the key and exits with code 2.
+keeps one stream to the controller. SIGTERM / SIGINT stop it cleanly (exit
+status 0): caps on running instances are left in place so a restarted agent (or
+none at all) keeps enforcing them; cgroups no thread is left in, an empty root
+and the registration socket are removed. A bad configuration prints one line
+naming the key and exits with code 2; a failure to start exits with 1.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import signal
 import sys
 import threading
 import time
+from contextlib import ExitStack
 
 from agent.config import DEFAULT_CONFIG_PATH, AgentConfig
 from agent.discovery import RuleDiscovery
@@ -25,6 +27,7 @@ from agent.link import ControllerLink
 from agent.node import NodeAgent
 from agent.socket_server import RegistrationServer
 from dsched.config import ConfigError, load_config, override
+from dsched.signals import STOPPED, StopOnSignals
 
 log = logging.getLogger("dsched.agent")
 
@@ -64,16 +67,31 @@ def load(args: argparse.Namespace) -> AgentConfig:
 
 
 def run(config: AgentConfig, stop: threading.Event) -> int:
+    with ExitStack() as cleanup:
+        return _run(config, stop, cleanup)
+
+
+def _run(config: AgentConfig, stop: threading.Event, cleanup: ExitStack) -> int:
+    """The agent until ``stop``; ``cleanup`` undoes each step in reverse, however
+    far the start got: the registration socket is removed, cgroups left without
+    threads and an empty root are removed, caps on running instances stay."""
     agent = NodeAgent(config)
+    cleanup.callback(agent.close)
+    cleanup.callback(agent.enforcer.remove_empty)
     port = agent.metrics.serve(config.metrics)
+    cleanup.callback(agent.metrics.close)
     server = RegistrationServer(config.socket, agent)
     server.start()
+    cleanup.callback(server.stop)
     link = ControllerLink(agent, config.controller, config.tls, config.report_buffer)
     link.start()
+    cleanup.callback(link.stop)
     discovery = RuleDiscovery(agent, config.discovery, config.proc_root)
     # Engines scan on their own thread: a slow jcmd must never delay sampling or reports.
     engines = EngineDiscovery(agent, make_engines(config.engine, config.proc_root))
     engines.start()
+    cleanup.callback(engines.stop)
+    cleanup.callback(log.info, "stopping; caps stay in place")
     log.info(
         "agent %s up: socket %s, metrics port %d, controller %s, mode %s",
         config.node_id,
@@ -88,26 +106,18 @@ def run(config: AgentConfig, stop: threading.Event) -> int:
     gc.freeze()
     next_slot = time.monotonic() + config.slot_seconds
     next_discovery = time.monotonic()
-    try:
-        while not stop.wait(config.sample_seconds):
-            now = time.monotonic()
-            if discovery.rules and now >= next_discovery:
-                discovery.scan()
-                next_discovery = now + config.discovery_seconds
-            agent.sample()
-            if now >= next_slot:
-                link.submit_report(agent.report())
-                agent.check_lease()
-                while next_slot <= now:
-                    next_slot += config.slot_seconds
-    finally:
-        log.info("stopping; caps stay in place")
-        engines.stop()
-        link.stop()
-        server.stop()
-        agent.metrics.close()
-        agent.close()
-    return 0
+    while not stop.wait(config.sample_seconds):
+        now = time.monotonic()
+        if discovery.rules and now >= next_discovery:
+            discovery.scan()
+            next_discovery = now + config.discovery_seconds
+        agent.sample()
+        if now >= next_slot:
+            link.submit_report(agent.report())
+            agent.check_lease()
+            while next_slot <= now:
+                next_slot += config.slot_seconds
+    return STOPPED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,14 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"dsched-agent: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        return run(config, stop)
-    except OSError as exc:
-        print(f"dsched-agent: {exc}", file=sys.stderr)
-        return 1
+    # SIGTERM and SIGINT end the main loop; the stop is the agent's normal end (0).
+    with StopOnSignals() as stop:
+        try:
+            return run(config, stop.event)
+        except OSError as exc:
+            print(f"dsched-agent: {exc}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":

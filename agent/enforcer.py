@@ -175,6 +175,16 @@ class CapEnforcer:
             if self._remove(path):
                 self._orphans.discard(path)
 
+    def remove_empty(self) -> None:
+        """On the agent's stop: remove every cgroup of the tree no thread is left in,
+        and the root itself once nothing is left in it. Cgroups that still hold
+        threads keep them and their caps (caps stay in place when the agent stops)."""
+        if self.dry_run:
+            return
+        with self.lock:
+            self.remove_orphans()
+            self.backend.remove_root()
+
     def attach_new_threads(self, rec: InstanceRecord) -> None:
         """Threads that joined a capped instance go into its cgroup; departed ones are dropped."""
         with self.lock:

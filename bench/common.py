@@ -7,10 +7,34 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+
+@contextmanager
+def process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A ProcessPoolExecutor that a stop (Ctrl-C, SIGTERM: a KeyboardInterrupt in
+    this process) or any error ends at once: queued work is dropped and the
+    workers are killed, where the executor's own exit would first run every
+    queued item. The workers only compute, so nothing is lost by killing them."""
+    pool = ProcessPoolExecutor(workers)
+    try:
+        yield pool
+    except BaseException:
+        workers_left = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in workers_left:
+            proc.kill()
+        for proc in workers_left:
+            proc.join(5)
+        raise
+    else:
+        pool.shutdown(wait=True)
 
 
 def machine() -> dict[str, Any]:

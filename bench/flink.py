@@ -35,7 +35,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -56,6 +55,7 @@ from agent.jvm import jcmd_threads
 from agent.node import NodeAgent
 from bench.common import print_contenders, reference_seconds, write_result
 from bench.live import PEAK_SHARE, cluster_workdir, controller_config, thread_cpu_seconds
+from dsched import signals
 from dsched.engines.flink import FlinkJob
 from dsched.engines.flink import FlinkRest as EngineRest
 from dsched.ids import InstanceKey
@@ -82,7 +82,7 @@ SUBTASK_METRICS = ("numRecordsIn", "accumulateBackPressuredTimeMs")
 MIN_CPU_PER_RECORD = 1e-7
 
 
-class Interrupted(Exception):
+class Interrupted(signals.Interrupted):
     """SIGINT / SIGTERM arrived; the run stops everything it started."""
 
 
@@ -1236,10 +1236,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"dsched bench flink: error: {exc}", file=sys.stderr)
         return 2
     interrupted = threading.Event()
-    handlers = {
-        sig: signal.signal(sig, lambda *_: interrupted.set())
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+    stop = signals.StopOnSignals(interrupted).install()
     own_workdir = args.workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="dsched-bench-flink-")) if own_workdir else args.workdir
     workdir = workdir.resolve()
@@ -1336,22 +1333,21 @@ def run(args: argparse.Namespace) -> int:
                 f"(lost {c['records_lost']}); latency mean {c['latency_ms_mean']} ms p99 "
                 f"{c['latency_ms_p99']} ms; backpressured {c['backpressured_seconds']} s"
             )
-    except Interrupted:
+    except signals.Interrupted:
         bench.failed = True
-        code = 130
+        code = signals.INTERRUPTED
     except Exception as exc:
         bench.failed = True
         if interrupted.is_set():
             # Ctrl-C from a terminal also reaches the children in our process group
             # (the `flink run` client, jcmd): their failure is the interruption.
-            code = 130
+            code = signals.INTERRUPTED
         else:
             print(f"dsched bench flink: error: {exc}", file=sys.stderr)
             code = 1
     finally:
         leftover = bench.close()
-        for sig, h in handlers.items():
-            signal.signal(sig, h)
+        stop.restore()
         logs = bench.failed or settings.keep_logs
         if own_workdir and not logs:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -1361,7 +1357,7 @@ def run(args: argparse.Namespace) -> int:
     if leftover:
         print(f"dsched bench flink: error: cgroups left behind: {leftover}", file=sys.stderr)
         return code or 1
-    if code == 130:
+    if code == signals.INTERRUPTED:
         console.print(
             f"[yellow]interrupted: Flink cluster, daemons and cgroups stopped; logs in {workdir}[/]"
         )

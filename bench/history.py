@@ -154,13 +154,13 @@ def _delay(base: Path, args) -> dict:
         trigger_seconds=args.trigger_seconds,
     )
     history = EmbeddedHistory(config)
-    history.start()
-    if not history.wait_running(180):
-        raise RuntimeError(f"history job did not start: {history.status().error}")
     writer, reader = SpoolWriter(config), HistoryReader(config)
     T = args.slot_seconds
     delays = []
     try:
+        history.start()
+        if not history.wait_running(180):
+            raise RuntimeError(f"history job did not start: {history.status().error}")
         first_start = (time.time() // T + 1) * T
         for k in range(args.live_slots):
             start = first_start + k * T

@@ -33,7 +33,6 @@ import json
 import math
 import os
 import random
-import signal
 import sys
 import tempfile
 import threading
@@ -48,6 +47,7 @@ import numpy as np
 
 from agent.registry import InstanceKey
 from bench.common import print_contenders, write_result
+from dsched import signals
 from testbed import traces
 from testbed.live import http_monitor as httpmon
 from testbed.live import wordcount as wc
@@ -73,7 +73,7 @@ MAX_TRACE_LEVEL = 1.5
 TREND_SECONDS = 2.0
 
 
-class Interrupted(Exception):
+class Interrupted(signals.Interrupted):
     """SIGINT / SIGTERM arrived; the run stopped everything it had started."""
 
 
@@ -854,10 +854,7 @@ def run(args: argparse.Namespace) -> int:
     timeout = PAPER_TIMEOUT_SECONDS * args.slot_seconds / PAPER_SLOT_SECONDS
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dsched-bench-live-"))
     interrupted = threading.Event()
-    handlers = {
-        sig: signal.signal(sig, lambda *_: interrupted.set())
-        for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+    stop = signals.StopOnSignals(interrupted).install()
     reservation = Reservation(CGROUP_V1_CPU, f"dsched-live-{os.getpid()}", args.shares)
     settings = RunSettings(
         duration,
@@ -895,16 +892,15 @@ def run(args: argparse.Namespace) -> int:
                 f"acked {c['throughput_tuples']}, failed {c['failed']}, lost {c['lost']}, "
                 f"CPU allocated {c['cpu_allocated_core_seconds']:.1f} used {c['cpu_used_core_seconds']:.1f} core-s"
             )
-    except Interrupted:
+    except signals.Interrupted:
         console.print("[yellow]interrupted: every worker stopped, cgroups removed[/]")
-        return 130
+        return signals.INTERRUPTED
     except RuntimeError as exc:
         print(f"dsched bench live: error: {exc}", file=sys.stderr)
         return 1
     finally:
         reservation.leave()
-        for sig, h in handlers.items():
-            signal.signal(sig, h)
+        stop.restore()
     figures = {
         "scenario": scn.name,
         "slot_seconds": args.slot_seconds,

@@ -38,7 +38,6 @@ import json
 import math
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from bench.common import write_result
+from bench.common import process_pool, write_result
 from predict import queueing as q
 
 #: The scoring grid (384 points), simulated with :data:`SCORE_SEED`.
@@ -296,7 +295,7 @@ def simulate_grid(
     jobs = [(p, seed, kwargs) for p in points]
     out: list[SimPoint] = []
     if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
+        with process_pool(workers) as pool:
             for k, res in enumerate(pool.map(_simulate_one, jobs)):
                 out.append(res)
                 if progress:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import reference_seconds, write_result
+from dsched import signals
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_FRACTION = 0.1
@@ -476,14 +477,12 @@ def run(args: argparse.Namespace) -> int:
         print("dsched bench wire-scale: --slot-seconds must be > 0", file=sys.stderr)
         return 2
 
-    def on_term(*_):
-        raise KeyboardInterrupt
-
     tmp: Path | None = None
     controller: subprocess.Popen | None = None
     clients: list[ClientProcess] = []
     admin: Admin | None = None
-    old_term = signal.signal(signal.SIGTERM, on_term)
+    # SIGTERM stops the run as Ctrl-C does (docs/operations.md, "Stopping").
+    old_term = signal.signal(signal.SIGTERM, signals.raise_interrupt)
     try:
         tmp = Path(tempfile.mkdtemp(prefix="dsched-wire-"))
         reference_before = reference_seconds(args.reference_repeats)
@@ -565,7 +564,7 @@ def run(args: argparse.Namespace) -> int:
             "dsched bench wire-scale: interrupted; controller and clients stopped",
             file=sys.stderr,
         )
-        return 130
+        return signals.INTERRUPTED
     except RuntimeError as exc:
         print(f"dsched bench wire-scale: {exc}", file=sys.stderr)
         return 1

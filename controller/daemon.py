@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import resource
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from controller.config import ControllerConfig
 from dsched.config import ConfigError, load_config, override
+from dsched.signals import STOPPED, StopOnSignals
 
 DEFAULT_CONFIG = Path("/etc/dsched/controller.toml")
 
@@ -76,10 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     tune_gc()
 
     raise_open_files_limit()
-    # Before the doors open: a stop asked for during startup is then a clean stop.
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
+    # Before the doors open: a stop asked for during startup is then a clean stop
+    # (SIGTERM or SIGINT: exit status 0; docs/operations.md, "Stopping").
+    done = StopOnSignals().install().event
     controller = Controller(cfg)
     server = None
     try:
@@ -103,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     done.wait()
     server.stop(grace=2)
     controller.stop()
-    return 0
+    return STOPPED
 
 
 def raise_open_files_limit() -> None:

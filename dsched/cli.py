@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import signal
 import sys
 from types import ModuleType
+
+from dsched import signals
 
 _NOT_BENCHMARKS = {"common", "plots"}
 # Packages of this project; an import error inside them is a bug, not a missing install.
@@ -54,7 +57,19 @@ def _missing_install(exc: ImportError) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    # SIGTERM (systemctl stop, timeout, CI) stops a run as Ctrl-C does, from the
+    # first import on: everything a run started is stopped on the way out, then
+    # the exit status is 130 (docs/operations.md, "Stopping").
+    with signals.sigterm_as_interrupt():
+        try:
+            return _main(list(sys.argv[1:] if argv is None else argv))
+        except KeyboardInterrupt as exc:
+            name = signals.signal_name(getattr(exc, "signum", None) or signal.SIGINT)
+            print(f"dsched: stopped by {name}", file=sys.stderr)
+            return signals.INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
     try:
         demo, benchmarks = _load()
     except ImportError as exc:

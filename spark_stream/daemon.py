@@ -15,14 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
-import threading
+import time
 import tomllib
 from dataclasses import asdict
 
 from dsched.config import ConfigError, from_dict, override
+from dsched.signals import STOPPED, StopOnSignals
 from spark_stream.config import DEFAULT_STATE_DIR, HistoryConfig
+
+# How long Spark may take to start the query before `run` gives up.
+START_TIMEOUT_SECONDS = 120.0
 
 
 def load_history_config(
@@ -86,15 +89,19 @@ def _parser() -> argparse.ArgumentParser:
 def _run(config: HistoryConfig) -> int:
     from spark_stream.embedded import EmbeddedHistory
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    # SIGTERM and SIGINT stop the job (exit status 0), also while Spark starts.
+    stop = StopOnSignals().install()
     history = EmbeddedHistory(config)
     history.start()
-    if not history.wait_running():
-        print(f"dsched-history: failed to start: {history.status().error}", file=sys.stderr)
-        history.stop()
-        return 1
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while not history.wait_running(timeout=0.5):
+        if stop.is_set():
+            history.stop()
+            return STOPPED
+        if history.status().state != "starting" or time.monotonic() > deadline:
+            print(f"dsched-history: failed to start: {history.status().error}", file=sys.stderr)
+            history.stop()
+            return 1
     logging.info("history job running on %s, spool %s", config.spark_master, config.spool_dir)
     while not stop.wait(10.0):
         status = history.status()
@@ -104,7 +111,7 @@ def _run(config: HistoryConfig) -> int:
             return 1
         logging.info("history: batch %s, lag %s s", status.last_batch_id, status.lag_seconds)
     history.stop()
-    return 0
+    return STOPPED
 
 
 def _fit(config: HistoryConfig) -> int:

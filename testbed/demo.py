@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
 import statistics
 import tempfile
 import threading
@@ -36,6 +35,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dsched.signals import INTERRUPTED, StopOnSignals, signal_name
 from testbed.live.actuator import MoveEndpoint
 from testbed.live.cluster import (
     CGROUP_V1_CPU,
@@ -362,6 +362,11 @@ def run(args: argparse.Namespace) -> int:
     }
     node_config: dict[str, Any] = {"cpu_period_us": args.cpu_period_us}
     endpoint = None
+    # SIGTERM as Ctrl-C: from here on a stop only sets `interrupted`; a stop while
+    # the daemons start ends the start (dsched.signals.check_stop), one later ends
+    # the run after the current slot. Either way everything started is stopped.
+    interrupted = threading.Event()
+    stop = StopOnSignals(interrupted).install()
     if several:
         node_config["capacity_cores"] = args.node_cores
         controller_config["placement"] = "liu"
@@ -396,8 +401,6 @@ def run(args: argparse.Namespace) -> int:
         f"{args.low_rate:.0f} sentences/s (~{spec.cpu_per_root_ms(FANOUT) * args.peak_rate / 1000:.2f} "
         f"cores at peak), {where}; logs in {workdir}"
     )
-    interrupted = threading.Event()
-    old_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     records: list[dict[str, Any]] = []
     history_lags: list[float] = []  # age of the newest readable history window, per epoch
     observer = Observer(cgroup_roots)
@@ -438,7 +441,7 @@ def run(args: argparse.Namespace) -> int:
         if endpoint is not None:
             endpoint.stop()
         cluster.stop()
-        signal.signal(signal.SIGINT, old_handler)
+        stop.restore()
 
     errors = cap_errors(records)
     placement = placement_figure(records)
@@ -506,6 +509,11 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2, default=float) + "\n")
         console.print(f"wrote {args.json}")
+    if interrupted.is_set():
+        console.print(
+            f"[yellow]stopped by {signal_name(stop.signum)}: controller, agent and instances stopped[/]"
+        )
+        return INTERRUPTED
     return 0 if summary["lost"] == 0 else 1
 
 

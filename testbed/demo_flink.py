@@ -15,7 +15,6 @@ import argparse
 import json
 import math
 import re
-import signal
 import statistics
 import tempfile
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+from dsched.signals import INTERRUPTED, StopOnSignals, signal_name
 from testbed.demo import Observer, _print_summary, cap_errors, triangle_rate, watch_epochs
 from testbed.flink import install
 from testbed.flink import metrics as flink_metrics
@@ -69,8 +69,10 @@ def run(args: argparse.Namespace, mode: str, console: Console) -> int:
         f"{args.slot_seconds:g} s, WordCount SQL job, parallelism {args.parallelism}, "
         f"{low:.0f}→{high:.0f}→{low:.0f} records/s; logs in {workdir}"
     )
+    # SIGTERM as Ctrl-C (docs/operations.md, "Stopping"): a stop while Flink or the
+    # daemons start ends the start, a later one the run; everything is stopped.
     interrupted = threading.Event()
-    old_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    stop = StopOnSignals(interrupted).install()
     records: list[dict[str, Any]] = []
     observer = Observer(cgroup_roots)
     flink = FlinkCluster(workdir / "flink")
@@ -124,7 +126,9 @@ def run(args: argparse.Namespace, mode: str, console: Console) -> int:
         observer.look(cluster.metrics, agent.metrics)
         written = feeder.stop()
         feeder = None
-        processed = flink_metrics.drain(flink.rest, job_id, written, timeout=60)
+        # Stopped early: what is still in flight is waited for briefly, not for a minute.
+        drain = 10 if interrupted.is_set() else 60
+        processed = flink_metrics.drain(flink.rest, job_id, written, timeout=drain)
         caps_applied = metric_value(scrape(agent.metrics), "dsched_agent_cap_writes_total") or 0
         state = flink.job_state(job_id)
         flink.cancel(job_id)
@@ -139,7 +143,7 @@ def run(args: argparse.Namespace, mode: str, console: Console) -> int:
         if cluster is not None:
             cluster.stop()
         flink.stop(keep_logs=failed)
-        signal.signal(signal.SIGINT, old_handler)
+        stop.restore()
 
     lat = flink_metrics.read_latencies(latency_dir, JOB_NAME).astype(float)
     errors = cap_errors(records)
@@ -196,4 +200,9 @@ def run(args: argparse.Namespace, mode: str, console: Console) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2, default=float) + "\n")
         console.print(f"wrote {args.json}")
+    if interrupted.is_set():
+        console.print(
+            f"[yellow]stopped by {signal_name(stop.signum)}: Flink cluster, controller and agent stopped[/]"
+        )
+        return INTERRUPTED
     return 0 if summary["lost"] == 0 and state == "RUNNING" else 1

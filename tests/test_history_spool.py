@@ -188,9 +188,9 @@ def test_systemd_unit_verifies_with_the_installed_command(tmp_path):
     unit = Path(__file__).resolve().parent.parent / "systemd" / "dsched-history.service"
     command = Path(sys.executable).parent / "dsched-history"
     text = unit.read_text()
-    assert "ExecStart=/usr/local/bin/dsched-history run" in text
+    assert "ExecStart=/opt/dsched/bin/dsched-history run" in text
     local = tmp_path / unit.name
-    local.write_text(text.replace("/usr/local/bin/dsched-history", str(command)))
+    local.write_text(text.replace("/opt/dsched/bin/dsched-history", str(command)))
     proc = subprocess.run(
         ["systemd-analyze", "verify", str(local)], capture_output=True, text=True, timeout=60
     )

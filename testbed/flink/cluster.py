@@ -38,6 +38,7 @@ from typing import Any
 
 import psutil
 
+from dsched.signals import check_stop
 from testbed.flink import install
 from testbed.flink.rest import FlinkRest, FlinkRestError
 
@@ -196,22 +197,31 @@ class FlinkCluster:
 
     def stop(self, keep_logs: bool = False, timeout: float = 15.0) -> None:
         """Stop every process of this cluster (SIGTERM, then SIGKILL after ``timeout``)
-        and remove its directories; ``keep_logs`` leaves ``log_dir``. Idempotent."""
-        procs = self._own_processes()
-        # TaskManagers first: a JobManager that goes first makes them log reconnect noise.
-        procs.sort(key=lambda p: 0 if _is_tm(p) else 1)
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGTERM)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=timeout)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        and remove its directories; ``keep_logs`` leaves ``log_dir``. Idempotent.
+
+        Also what a script was still starting (a shell about to exec a JVM, the
+        ``flink run`` client): every process whose environment names this conf dir.
+        Stopped while the cluster starts (a stop signal), a second pass catches a
+        daemon that appeared meanwhile."""
+        for _ in range(3):
+            procs = self._launched_processes()
+            if not procs:
+                break
+            # TaskManagers first: a JobManager that goes first makes them log reconnect noise.
+            procs.sort(key=lambda p: 0 if _is_tm(p) else 1)
+            for p in procs:
+                try:
+                    p.send_signal(signal.SIGTERM)
+                except psutil.NoSuchProcess:
+                    pass
+            _, alive = psutil.wait_procs(procs, timeout=timeout)
+            for p in alive:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(alive, timeout=5)
+            time.sleep(0.5)
         dirs = [self.conf_dir, self.pid_dir, self.tmp_dir, self.checkpoint_dir]
         if not keep_logs:
             dirs.append(self.log_dir)
@@ -340,6 +350,7 @@ class FlinkCluster:
                 and all(v["tasks"].get("RUNNING", 0) == v["parallelism"] for v in vertices)
             ):
                 return vertices
+            check_stop()
             time.sleep(0.25)
         summary = ", ".join(f"{v['name']}: {v['status']}" for v in vertices)
         raise FlinkClusterError(
@@ -490,6 +501,7 @@ class FlinkCluster:
                         else (f"TaskManager {', '.join(dead)}")
                     )
                     raise FlinkClusterError(f"{what} exited during startup{self._log_tail()}")
+                check_stop()
                 time.sleep(0.25)
                 continue
             missing_since = None
@@ -501,6 +513,7 @@ class FlinkCluster:
                 if set(tm_ids) <= registered:
                     return
                 last_error = f"registered: {sorted(registered)}"
+            check_stop()
             time.sleep(0.25)
         raise FlinkClusterError(
             f"Flink cluster in {self.work_dir} not ready after {timeout:.0f}s: waiting for "
@@ -530,6 +543,22 @@ class FlinkCluster:
     def processes(self) -> list[psutil.Process]:
         """Every live process of this cluster: daemons and any ``flink`` CLI running."""
         return self._own_processes()
+
+    def _launched_processes(self) -> list[psutil.Process]:
+        """:meth:`_own_processes` and every process started with this cluster's
+        environment (``FLINK_CONF_DIR``), whatever it runs now."""
+        conf = str(self.conf_dir)
+        own = {p.pid: p for p in self._own_processes()}
+        me = os.getpid()
+        for p in psutil.process_iter():
+            if p.pid in own or p.pid == me:
+                continue
+            try:
+                if p.environ().get("FLINK_CONF_DIR") == conf:
+                    own[p.pid] = p
+            except (psutil.Error, OSError):
+                pass
+        return list(own.values())
 
     def _own_processes(self) -> list[psutil.Process]:
         conf = str(self.conf_dir)

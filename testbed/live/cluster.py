@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 
+from dsched.signals import check_stop
 from dsched_pb import dsched_pb2 as pb
 from dsched_pb import dsched_pb2_grpc as pb_grpc
 
@@ -199,14 +201,21 @@ class LocalCluster:
                 )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"dsched-agent {spec.node_id} did not open {sock}")
+            check_stop()
             time.sleep(0.05)
         return agent
 
     def start(self) -> LocalCluster:
-        self.start_controller()
-        for spec in self.nodes:
-            self.start_agent(spec)
-        self.wait_agents(len(self.nodes))
+        """Start the controller and the agents; a failed or interrupted start (a stop
+        signal: :func:`dsched.signals.check_stop`) stops what it started."""
+        try:
+            self.start_controller()
+            for spec in self.nodes:
+                self.start_agent(spec)
+            self.wait_agents(len(self.nodes))
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
@@ -223,6 +232,7 @@ class LocalCluster:
             except grpc.RpcError:
                 if time.monotonic() > deadline:
                     raise
+                check_stop()
                 time.sleep(0.1)
 
     def wait_agents(self, n: int, timeout: float = 30.0) -> None:
@@ -230,6 +240,7 @@ class LocalCluster:
         while len(self.admin().Status(pb.StatusRequest(), timeout=2).agents) < n:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only some of {n} agents connected")
+            check_stop()
             time.sleep(0.1)
 
     def admin(self) -> pb_grpc.AdminServiceStub:
@@ -259,14 +270,19 @@ class LocalCluster:
 
     @staticmethod
     def _terminate(proc: subprocess.Popen | None, timeout: float = 10.0) -> None:
-        if proc is None or proc.poll() is not None:
+        """SIGTERM (the daemon's clean stop), SIGKILL to its whole session after
+        ``timeout``; then whatever its session still holds (a Spark JVM the
+        controller started) is stopped too."""
+        if proc is None:
             return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        stop_process_group(proc.pid, timeout)
 
     def stop_agent(self, node_id: str) -> None:
         self._terminate(self.agents.pop(node_id).proc)
@@ -290,6 +306,35 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def stop_process_group(pgid: int, timeout: float = 10.0) -> None:
+    """Stop what is left of process group ``pgid`` after its leader exited:
+    SIGTERM, then SIGKILL after ``timeout``. Zombies waiting for their reaper
+    do not count."""
+
+    def members() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p)
+            except (OSError, psutil.Error):
+                pass  # gone meanwhile
+        return found
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        left = members()
+        if not left:
+            return
+        for p in left:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 5.0)
+        while members() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def scrape(address: str, timeout: float = 5.0) -> str:

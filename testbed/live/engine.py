@@ -120,9 +120,13 @@ def burn(cpu_seconds: float, rng: random.Random) -> None:
 
 # The CPU-work process of one instance: reads a chunk count (4 bytes, little
 # endian), hashes that many 64 KiB chunks, answers one byte. It exits when its
-# input closes, so it never outlives the engine that started it.
+# input closes, so it never outlives the engine that started it; SIGINT and
+# SIGTERM sent to the whole process group (a terminal's Ctrl-C, `timeout`,
+# systemd) are left to the engine, which stops it in order.
 _CPU_WORKER_SOURCE = """
-import hashlib, os, struct
+import hashlib, os, signal, struct
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
 chunk, per_call = 64 * 1024, 64
 buf = memoryview(bytes(chunk * per_call))
 os.write(1, b"r")

@@ -41,6 +41,7 @@ import os
 import pickle
 import queue
 import random
+import signal
 import sys
 import threading
 import time
@@ -326,5 +327,10 @@ def worker_main(config: WorkerConfig) -> None:
 
 
 if __name__ == "__main__":
+    # SIGINT / SIGTERM sent to the whole process group (a terminal's Ctrl-C,
+    # `timeout`, systemd) are the driver's to handle: it stops its workers in
+    # order, and a worker whose driver is gone exits when its connection closes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # The driver writes the pickled WorkerConfig to stdin; it is trusted (same user).
     worker_main(pickle.loads(sys.stdin.buffer.read()))

@@ -10,7 +10,9 @@ from prometheus_client.core import GaugeMetricFamily
 from dsched.config import parse_hostport
 from dsched.ids import InstanceKey
 
-INSTANCE_LABELS = ("app", "operator", "instance", "worker")
+# ``instance_id``, not ``instance``: Prometheus keeps ``instance`` for the scrape
+# target and would store ours as ``exported_instance``.
+INSTANCE_LABELS = ("app", "operator", "instance_id", "worker")
 
 
 def instance_labels(key: InstanceKey, worker: str) -> tuple[str, str, str, str]:
@@ -60,7 +62,7 @@ class AgentMetrics:
         self.instance_cpu_usage = InstanceUsageCollector()
         r.register(self.instance_cpu_usage)
         self.instance_cpu_cap = Gauge(
-            "dsched_instance_cpu_cap_cores",
+            "dsched_agent_instance_cpu_cap_cores",
             "CPU cap the agent enforces on the instance, cores (absent when uncapped)",
             INSTANCE_LABELS,
             registry=r,

@@ -91,7 +91,7 @@ class Controller:
         self.config = config
         self.clock = clock
         self.store = store or StateStore(config.state_dir, keep_decisions=config.decisions_kept)
-        self.metrics = ControllerMetrics(lambda: self.last_record)
+        self.metrics = ControllerMetrics(lambda: self.last_record, config.qos, config.slot_seconds)
         # Counters of engines that are not instrumented, read on their own threads.
         self.engines: EngineEdge | None = (
             EngineEdge.from_config(

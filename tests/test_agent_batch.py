@@ -390,7 +390,7 @@ def test_usage_metric_is_scraped_per_instance_and_dropped_after_unregister(threa
         def usage(operator: str) -> float | None:
             return agent.metrics.registry.get_sample_value(
                 "dsched_instance_cpu_usage_cores",
-                {"app": "wc", "operator": operator, "instance": "0", "worker": "w1"},
+                {"app": "wc", "operator": operator, "instance_id": "0", "worker": "w1"},
             )
 
         # A shared machine may give the busy thread well under a core.
@@ -398,7 +398,7 @@ def test_usage_metric_is_scraped_per_instance_and_dropped_after_unregister(threa
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             text = r.read().decode()
         assert (
-            'dsched_instance_cpu_usage_cores{app="wc",instance="0",operator="hot",worker="w1"}'
+            'dsched_instance_cpu_usage_cores{app="wc",instance_id="0",operator="hot",worker="w1"}'
             in text
         )
         busy.join()

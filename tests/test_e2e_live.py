@@ -97,6 +97,7 @@ def test_enforce_caps_reach_the_kernel_and_metrics_serve(tmp_path, cgroup_root_n
             for name in (
                 "dsched_agent_threads_managed",
                 "dsched_instance_cpu_usage_cores",
+                "dsched_agent_instance_cpu_cap_cores",
                 "dsched_agent_cap_writes_total",
             ):
                 assert name in agent, name

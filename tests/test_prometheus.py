@@ -209,11 +209,39 @@ def test_prometheus_scrapes_the_daemons_and_sees_sane_values(stack):
     for row in caps:
         node, value = row["metric"]["node"], float(row["value"][1])
         assert 0 < value <= capacity[node], row
-        # The operator instance's own label, renamed by Prometheus beside the target's.
-        assert row["metric"]["exported_instance"].isdigit(), row["metric"]
+        # The operator instance's number has its own label, beside the target's
+        # `instance`, which Prometheus therefore did not have to rename.
+        assert row["metric"]["instance_id"].isdigit(), row["metric"]
+        assert "exported_instance" not in row["metric"], row["metric"]
     usage = prom.query('dsched_instance_cpu_usage_cores{job="dsched-agent"}')
     assert {r["metric"]["node"] for r in usage} == set(NODES)
     assert all(0 <= float(r["value"][1]) <= capacity[r["metric"]["node"]] for r in usage)
+    assert all(r["metric"]["instance_id"].isdigit() for r in usage), usage
+    assert not any("exported_instance" in r["metric"] for r in usage), usage
+    # The controller's cap name is the controller's alone (an agent's enforced cap,
+    # absent in dry-run, is dsched_agent_instance_cpu_cap_cores).
+    assert prom.query('dsched_instance_cpu_cap_cores{job="dsched-agent"}') == []
+
+    # What the controller exports of its configuration and its decision.
+    def by_label(expr: str, label: str) -> dict[str, float]:
+        return {r["metric"][label]: float(r["value"][1]) for r in prom.query(expr)}
+
+    classes = QOS["classes"]
+    assert by_label("dsched_qos_class_target_latency_seconds", "class") == {
+        name: c["target_latency_ms"] / 1000.0 for name, c in classes.items()
+    }
+    assert by_label("dsched_qos_class_max_violation_ratio", "class") == {
+        name: c["max_violation_ratio"] for name, c in classes.items()
+    }
+    assert by_label("dsched_qos_class_weight", "class") == {
+        name: c["weight"] for name, c in classes.items()
+    }
+    assert prom.values('dsched_slot_seconds{job="dsched-controller"}') == [SLOT]
+    assert by_label("dsched_node_capacity_cores", "node") == pytest.approx(capacity)
+    assigned = {
+        r["metric"]["app"]: r["metric"]["class"] for r in prom.query("dsched_app_qos_class")
+    }
+    assert assigned == {"gold-wc": "gold", "bronze-wc": "bronze"}
 
     # The epoch counter rises between two queries.
     first = prom.values('dsched_controller_epoch{job="dsched-controller"}')
@@ -234,7 +262,9 @@ def test_rules_evaluate_without_error_on_the_live_series(stack):
         "app_operator:dsched_instance_cpu_cap_cores:sum",
         "app_operator:dsched_instance_cpu_usage_cores:sum",
         'app:dsched_app_qos_violations:ratio5m{class="gold"}',
-        "dsched:qos_class_target_latency_seconds",
+        "app:dsched_app_latency_target_seconds",
+        "app:dsched_app_qos_max_violation_ratio",
+        "job:dsched_node_capacity_cores:sum",
     ):
         wait_for(lambda e=expr: prom.query(e), TIMEOUT, f"recording rule {expr}")
     by_class = {
@@ -242,6 +272,12 @@ def test_rules_evaluate_without_error_on_the_live_series(stack):
         for r in prom.query("class:dsched_app_allocated_cores:sum")
     }
     assert set(by_class) == {"gold", "bronze"} and all(v > 0 for v in by_class.values())
+    # Each application's target is its class's, from the controller's own gauges.
+    targets = {
+        r["metric"]["app"]: float(r["value"][1])
+        for r in prom.query("app:dsched_app_latency_target_seconds")
+    }
+    assert targets == {"gold-wc": 0.001, "bronze-wc": 5.0}
     # The dry-run alert is pending on the real dsched_dry_run (it fires after a day).
     wait_for(
         lambda: prom.query('ALERTS{alertname="DschedDryRunTooLong", alertstate="pending"}'),

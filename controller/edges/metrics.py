@@ -3,12 +3,21 @@
 Per-instance and per-operator gauges are built at scrape time from the last
 decision, so an instance that disappears also disappears from /metrics
 instead of lingering with its last value.
+
+An operator instance's number is the label ``instance_id``: ``instance`` is
+Prometheus's own label for the scrape target, and a series' own ``instance``
+would be stored as ``exported_instance``.
+
+The QoS classes (target, violation bound, weight), the slot length, each
+application's class and each node's capacity are exported too, so recording
+rules and dashboards compare against the controller's own values instead of
+copies of its configuration.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -17,6 +26,11 @@ from prometheus_client.registry import Collector
 from controller.edges.engines import error_class
 from dsched.config import parse_hostport
 from dsched.engines import CounterReading
+
+if TYPE_CHECKING:
+    from controller.qos import QosConfig
+
+INSTANCE_LABELS = ["app", "operator", "instance_id", "node"]
 
 
 class _DecisionCollector(Collector):
@@ -28,12 +42,12 @@ class _DecisionCollector(Collector):
         caps = GaugeMetricFamily(
             "dsched_instance_cpu_cap_cores",
             "CPU cap decided for an operator instance, cores",
-            labels=["app", "operator", "instance", "node"],
+            labels=INSTANCE_LABELS,
         )
         demand = GaugeMetricFamily(
             "dsched_instance_cpu_demand_cores",
             "CPU demand estimated for an operator instance, cores",
-            labels=["app", "operator", "instance", "node"],
+            labels=INSTANCE_LABELS,
         )
         for row in rec.get("instances", []):
             labels = [row["app"], row["operator"], str(row["instance"]), row["node"]]
@@ -92,11 +106,93 @@ class _DecisionCollector(Collector):
         )
         node_rec = rec.get("node_recommendation")
         nodes.add_metric([], node_rec["nodes_delta"] if node_rec else 0)
+        app_class = GaugeMetricFamily(
+            "dsched_app_qos_class",
+            "1 for an application's QoS class in the last decision",
+            labels=["app", "class"],
+        )
+        for row in rec.get("apps", []):
+            app_class.add_metric([row["app"], row["class"]], 1)
+        capacity = GaugeMetricFamily(
+            "dsched_node_capacity_cores",
+            "CPU capacity of a node in the last decision, cores",
+            labels=["node"],
+        )
+        for node, cores in sorted(rec.get("capacity_cores", {}).items()):
+            capacity.add_metric([node], cores)
         yield from (caps, demand, held, rate, arrival, app_demand, app_alloc, app_latency, nodes)
+        yield from (app_class, capacity)
+
+
+class _SettingsCollector(Collector):
+    """The QoS classes and the slot length: configuration, exported so that rules
+    and dashboards need no copy of it.
+
+    Without a configuration (a ControllerMetrics built bare), the classes and the
+    slot come from the last decision: only the classes of its applications.
+    """
+
+    def __init__(
+        self,
+        last_record: Callable[[], dict[str, Any] | None],
+        qos: QosConfig | None,
+        slot_seconds: float | None,
+    ):
+        self._last_record = last_record
+        self._qos = qos
+        self._slot_seconds = slot_seconds
+
+    def _classes(self) -> list[tuple[str, float, float, float]]:
+        """``(name, target seconds, max violation ratio, weight)`` by name."""
+        if self._qos is not None:
+            return [
+                (name, c.target_latency_ms / 1000.0, c.max_violation_ratio, c.weight)
+                for name, c in sorted(self._qos.classes.items())
+            ]
+        rows = (self._last_record() or {}).get("apps", [])
+        seen = {
+            r["class"]: (r["class"], r["target_ms"] / 1000.0, r["max_violation_ratio"], r["weight"])
+            for r in rows
+        }
+        return [seen[name] for name in sorted(seen)]
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        target = GaugeMetricFamily(
+            "dsched_qos_class_target_latency_seconds",
+            "Target mean end-to-end latency of a QoS class",
+            labels=["class"],
+        )
+        bound = GaugeMetricFamily(
+            "dsched_qos_class_max_violation_ratio",
+            "Share of epochs a QoS class may spend over its latency target",
+            labels=["class"],
+        )
+        weight = GaugeMetricFamily(
+            "dsched_qos_class_weight",
+            "Importance of a QoS class in the division of CPU when CPU is short",
+            labels=["class"],
+        )
+        for name, target_s, ratio, w in self._classes():
+            target.add_metric([name], target_s)
+            bound.add_metric([name], ratio)
+            weight.add_metric([name], w)
+        yield from (target, bound, weight)
+        slot = self._slot_seconds
+        if slot is None:
+            slot = (self._last_record() or {}).get("slot_seconds")
+        if slot is not None:
+            yield GaugeMetricFamily(
+                "dsched_slot_seconds", "Length of a control slot (one epoch per slot)", value=slot
+            )
 
 
 class ControllerMetrics:
-    def __init__(self, last_record: Callable[[], dict[str, Any] | None]):
+    def __init__(
+        self,
+        last_record: Callable[[], dict[str, Any] | None],
+        qos: QosConfig | None = None,
+        slot_seconds: float | None = None,
+    ):
         self.registry = CollectorRegistry()
         r = self.registry
         self.agents_connected = Gauge(
@@ -175,6 +271,7 @@ class ControllerMetrics:
             registry=r,
         )
         r.register(_DecisionCollector(last_record))
+        r.register(_SettingsCollector(last_record, qos, slot_seconds))
         self._server = None
 
     def observe_engine_read(self, engine: str, reading: CounterReading, seconds: float) -> None:

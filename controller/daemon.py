@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from controller.core import Controller, tune_gc
     from controller.edges.server import serve
+    from controller.edges.store import StateFileError
 
     tune_gc()
 
@@ -78,7 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     # Before the doors open: a stop asked for during startup is then a clean stop
     # (SIGTERM or SIGINT: exit status 0; docs/operations.md, "Stopping").
     done = StopOnSignals().install().event
-    controller = Controller(cfg)
+    try:
+        controller = Controller(cfg)
+    except StateFileError as exc:
+        # A state file from a newer release or one SQLite cannot read: left as
+        # it is, nothing started, and a restart would not help (docs/operations.md,
+        # "Upgrading").
+        print(f"dsched-controller: cannot start: {exc}", file=sys.stderr)
+        return 2
     server = None
     try:
         server = serve(controller)

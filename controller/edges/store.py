@@ -20,6 +20,14 @@ Two kinds of write, on purpose:
   reader in this process always sees every record written before it asked. A
   crash loses at most the records still queued (the audit log's tail), never
   a cap.
+
+The layout has a version, SQLite's ``PRAGMA user_version`` (:data:`SCHEMA_VERSION`).
+A file without one (0) is a new file or one from dsched 0.1.0, whose tables are
+the version-1 layout: opening it stamps version 1 and changes nothing else.
+Later versions are reached through :data:`MIGRATIONS`, one step at a time, in
+the transaction that stamps the new version. A file of a newer version, or one
+SQLite cannot read as a dsched store, is refused with :class:`StateFileError`
+before anything is written to it (docs/operations.md, "Upgrading").
 """
 
 from __future__ import annotations
@@ -38,6 +46,13 @@ from controller.model import InstanceKey
 
 log = logging.getLogger(__name__)
 
+# The layout's version, stamped in SQLite's user_version. Bump it with every
+# change to the tables (or to what their columns mean) and add the step that
+# takes the previous version to it to MIGRATIONS.
+SCHEMA_VERSION = 1
+
+# The version-1 layout (also dsched 0.1.0's, which stamped no version). A new
+# file is created with it and then migrated like any other version-1 file.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS caps (
@@ -57,6 +72,111 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 """
 
+# MIGRATIONS[n](db) takes a version-n store to version n + 1 inside the
+# transaction that then stamps n + 1, so a failed step leaves the file at n.
+# None yet: version 1 is the only layout there has been.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+
+# Each table of the version-1 layout and its columns, in order.
+LAYOUT_V1: dict[str, tuple[str, ...]] = {
+    "meta": ("key", "value"),
+    "caps": ("app", "operator", "instance", "node", "cap_cores", "epoch"),
+    "qos": ("app", "qos_class", "set_at"),
+    "recommendations": ("epoch", "timestamp", "nodes_delta", "gain", "reason"),
+    "decisions": ("epoch", "timestamp", "mode", "record"),
+}
+# The layout of each stamped version (what the file must hold once stamped).
+LAYOUTS: dict[int, dict[str, tuple[str, ...]]] = {1: LAYOUT_V1}
+
+
+class StateFileError(RuntimeError):
+    """The state file cannot be used as it is; nothing was written to it.
+
+    ``path``: the file. The controller must not start on it (``dsched-controller``
+    exits with status 2)."""
+
+    def __init__(self, path: Path, message: str):
+        self.path = path
+        super().__init__(f"state file {path}: {message}")
+
+
+class StateVersionError(StateFileError):
+    """The file's layout is newer than this code knows (written by a newer release)."""
+
+    def __init__(self, path: Path, found: int, known: int | None = None):
+        known = SCHEMA_VERSION if known is None else known
+        self.found, self.known = found, known
+        super().__init__(
+            path,
+            f"schema version {found} is newer than this dsched knows (version {known}): "
+            "it was written by a newer release. Refusing to start rather than rewrite it; "
+            "run that release again, or restore the state directory backed up before "
+            "the upgrade",
+        )
+
+
+def check_state_file(path: Path) -> int:
+    """The schema version of the state file at ``path`` (0: unstamped or absent),
+    read without writing to it.
+
+    StateVersionError if it is newer than :data:`SCHEMA_VERSION`; StateFileError
+    if SQLite cannot read it, its tables are not a dsched layout, or the rows
+    startup reads (mode, epoch, QoS, caps, the last decision) cannot be read."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    # Read-only: closing it neither checkpoints nor removes a write-ahead log. A
+    # file closed cleanly (no log beside it) is read as immutable, which leaves
+    # no -wal or -shm file behind either.
+    wal = path.with_name(path.name + "-wal").exists()
+    try:
+        db = sqlite3.connect(
+            f"{path.resolve().as_uri()}?{'mode=ro' if wal else 'immutable=1'}", uri=True
+        )
+    except sqlite3.Error as exc:
+        raise StateFileError(path, f"cannot be opened: {exc}") from exc
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StateVersionError(path, version)
+        tables = {
+            name: tuple(c for (c,) in db.execute("SELECT name FROM pragma_table_info(?)", (name,)))
+            for (name,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+            )
+        }
+        expected = LAYOUTS[max(version, 1)]
+        unknown = sorted(set(tables) - set(expected))
+        wrong = sorted(t for t in expected if t in tables and tables[t] != expected[t])
+        missing = sorted(set(expected) - set(tables)) if version else []
+        if unknown or wrong or missing:
+            what = "; ".join(
+                f"{label}: {', '.join(names)}"
+                for label, names in (
+                    ("tables it does not know", unknown),
+                    ("tables with other columns", wrong),
+                    ("missing tables", missing),
+                )
+                if names
+            )
+            raise StateFileError(
+                path, f"is not a dsched state database of schema version {version or 1} ({what})"
+            )
+        if version == SCHEMA_VERSION or not version:
+            for table in ("meta", "qos", "caps"):
+                if table in tables:
+                    db.execute(f"SELECT * FROM {table}").fetchall()
+            if "decisions" in tables:
+                db.execute("SELECT record FROM decisions ORDER BY epoch DESC LIMIT 1").fetchall()
+    except sqlite3.Error as exc:
+        raise StateFileError(
+            path, f"cannot be read as a dsched state database ({exc}); it was left as it is"
+        ) from exc
+    finally:
+        db.close()
+    return version
+
+
 # Records waiting for the writer. One epoch makes one record per slot (10 s by
 # default), so a full queue means the disk has stalled for minutes; the epoch
 # then waits for room rather than drop audit records silently.
@@ -70,12 +190,24 @@ class StateStore:
         self.path = state_dir / "controller.sqlite"
         self.keep_decisions = keep_decisions
         self._lock = threading.Lock()
+        # Refuses a newer or unreadable file before anything is written to it.
+        found = check_state_file(self.path)
+        # The version the file had when opened (0: new or from dsched 0.1.0).
+        self.found_version = found
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode: a commit survives the process dying at any point
-        # (what a controller crash is); only a power cut may lose the last ones.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a commit survives the process dying at any point
+            # (what a controller crash is); only a power cut may lose the last ones.
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            if found != SCHEMA_VERSION:
+                self._migrate()
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise StateFileError(self.path, f"cannot be opened for writing: {exc}") from exc
+        except BaseException:
+            self._db.close()
+            raise
         # The caps table as last committed by save_caps (None: not known yet,
         # the next save replaces the whole table).
         self._saved_caps: dict[InstanceKey, tuple[str, float]] | None = None
@@ -83,6 +215,44 @@ class StateStore:
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
         self._closed = False
+
+    def _migrate(self) -> None:
+        """Create or migrate the tables up to :data:`SCHEMA_VERSION` and stamp it,
+        in one transaction."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            # Again under the write lock: another process may have stamped it since.
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StateVersionError(self.path, version)
+            if version == 0:
+                # New, or dsched 0.1.0's version-1 tables (then this creates nothing).
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                version = 1
+            for step in range(version, SCHEMA_VERSION):
+                try:
+                    MIGRATIONS[step](db)
+                except sqlite3.Error as exc:
+                    raise StateFileError(
+                        self.path,
+                        f"migrating schema version {step} to {step + 1} failed ({exc}); "
+                        f"the file was left at version {self.found_version or 1}",
+                    ) from exc
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        if self.found_version or db.execute("SELECT 1 FROM meta LIMIT 1").fetchone():
+            log.info(
+                "state file %s: schema version %s -> %d",
+                self.path,
+                self.found_version or "none (dsched 0.1.0)",
+                SCHEMA_VERSION,
+            )
 
     def close(self) -> None:
         """Write what is queued, then close the database."""

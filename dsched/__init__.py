@@ -1,3 +1,3 @@
 """dsched: an online feedback controller for stream-processing clusters."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

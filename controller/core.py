@@ -126,6 +126,10 @@ class Controller:
         self._trigger = threading.Condition(threading.Lock())
         self._connected: set[str] = set()
         self._reported_in: dict[str, int] = {}
+        # Connected nodes that have not reported under epoch number _missing_for:
+        # the trigger is woken once, by the last report, not by each of them.
+        self._missing: set[str] = set()
+        self._missing_for = -1
         # Health: monotonic time of the loop's start and of the last epoch it completed.
         self._loop_started_at: float | None = None
         self._last_epoch_done_at: float | None = None
@@ -168,6 +172,8 @@ class Controller:
             welcome = pb.Welcome(epoch=self.epoch, slot_seconds=self.config.slot_seconds)
         with self._trigger:
             self._connected.add(info.node_id)
+            if self._reported_in.get(info.node_id) != self._missing_for:
+                self._missing.add(info.node_id)
         return welcome
 
     def on_disconnect(self, node_id: str) -> None:
@@ -178,6 +184,7 @@ class Controller:
         with self._trigger:
             self._connected.discard(node_id)
             self._reported_in.pop(node_id, None)
+            self._missing.discard(node_id)
             # One reporter fewer may be all the reports trigger was waiting for.
             self._trigger.notify_all()
 
@@ -195,7 +202,11 @@ class Controller:
             with self._trigger:
                 if report.node_id in self._connected:
                     self._reported_in[report.node_id] = epoch
-                    self._trigger.notify_all()
+                    if epoch != self._missing_for:
+                        self._count_missing(epoch)
+                    self._missing.discard(report.node_id)
+                    if not self._missing:
+                        self._trigger.notify_all()
 
     def on_ack(self, node_id: str, ack: pb.Ack) -> None:
         for r in ack.rejected:
@@ -247,14 +258,13 @@ class Controller:
         # thousand nodes, and an operator's status call must not wait for that.
         # list() of a dict's values is one C call under the GIL, so each copy is a
         # consistent snapshot even while reports are ingested.
-        histories = list(self.cluster.histories.values())
+        # Counted once per change of the instances, not per call (operators and
+        # dashboards poll this while a thousand agents report).
+        per_node = self.cluster.instances_per_node()
+        instances = len(self.cluster.histories)
         known_agents = list(self.cluster.agents.values())
         topologies = len(self.cluster.topologies)
         now = self.clock()
-        # One pass over the instances, not one per agent (a thousand agents).
-        per_node: dict[str, int] = {}
-        for h in histories:
-            per_node[h.node] = per_node.get(h.node, 0) + 1
         agents = [
             pb.AgentStatus(
                 node_id=a.node_id,
@@ -287,7 +297,7 @@ class Controller:
             epoch=self.epoch,
             agents=agents,
             applications=topologies,
-            instances=len(histories),
+            instances=instances,
             slot_seconds=self.config.slot_seconds,
             version=__version__,
             uptime_seconds=now - self.started_at,
@@ -472,13 +482,18 @@ class Controller:
                 # One bad epoch must not stop the controller; the next one retries.
                 log.exception("epoch %d failed", self.epoch)
 
+    def _count_missing(self, epoch: int) -> None:
+        """The connected nodes without a report under ``epoch`` (caller holds ``_trigger``)."""
+        self._missing_for = epoch
+        self._missing = {n for n in self._connected if self._reported_in.get(n) != epoch}
+
     def _all_reported(self) -> bool:
         """Every connected agent has reported since the current epoch number began
         (caller holds ``_trigger``). No agent: nothing to wait for but the timer."""
         epoch = self.epoch
-        return bool(self._connected) and all(
-            self._reported_in.get(n) == epoch for n in self._connected
-        )
+        if epoch != self._missing_for:
+            self._count_missing(epoch)
+        return bool(self._connected) and not self._missing
 
     def _wait_for_reports(self, previous: float, period: float) -> bool:
         """Block until the next epoch may start (epoch_trigger = "reports"): every

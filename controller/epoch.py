@@ -35,12 +35,13 @@ from controller.stages.demand import (
     WithLatencyTarget,
     app_latency_models,
     estimate_latency_seconds,
+    estimate_violation,
     instance_demands,
     latency_budgets,
     latency_needs,
 )
 from controller.stages.evaluate import OperatorView
-from controller.stages.forecast import OperatorForecast, forecast
+from controller.stages.forecast import OperatorForecast, forecast, size_forecasts
 from controller.stages.hysteresis import (
     HysteresisStep,
     fit_quantized_columns,
@@ -80,7 +81,7 @@ class EpochResult:
     room: dict[str, float]  # node -> cores usable after headroom
     steps: dict[InstanceKey, HysteresisStep]  # cap, reason and new hysteresis state
     caps: dict[InstanceKey, tuple[str, float]]  # instance -> (node, cap cores)
-    estimates: dict[str, float]  # app -> Allen–Cunneen latency under the caps, seconds
+    estimates: dict[str, float]  # app -> mean latency under the caps (latency_model), seconds
     predicted_violation: dict[str, float]  # app -> predicted violation ratio
     peaks: dict[InstanceKey, float]  # highest demand over the peak window (placement)
     # Unmeasured instances this epoch (their caps, when they have one, are in
@@ -90,6 +91,11 @@ class EpochResult:
     source_points: dict[OperatorKey, tuple[float, float]] = field(default_factory=dict)
     # stage -> wall seconds, stage_cpu -> CPU seconds of the epoch's thread
     timing: dict[str, float] = field(default_factory=dict)
+    # The forecast quantiles of the configured classes above the point forecast,
+    # ascending: the levels the memory's conformal bank tracks adaptively.
+    forecast_levels: tuple[float, ...] = ()
+    latency_model: str = "allen-cunneen"
+    latency_criterion: str = "mean"
 
     def caps_by_node(self) -> dict[str, dict[InstanceKey, float]]:
         out: dict[str, dict[InstanceKey, float]] = {}
@@ -144,10 +150,25 @@ def run_epoch(
     views, classes, capacity = inputs.views, inputs.classes, inputs.capacity
     t0 = _now()
     fc = forecast(views, cfg.phi, memory.sources, memory.kappa, tuple(cfg.predictors))
-    forecasts = fc.forecasts
     t_demand = _now()
+    # Demand is sized for each class's forecast quantile of next slot's arrivals.
+    forecasts = size_forecasts(
+        fc.forecasts,
+        {k: classes[k.app].forecast_quantile for k in fc.forecasts if k.app in classes},
+        memory.forecast_bank,
+    )
     budgets = latency_budgets(views, forecasts, {a: c.target_seconds for a, c in classes.items()})
-    needs = latency_needs(views, forecasts, budgets, cfg.arrival_scv, cfg.service_scv)
+    by_quantile = cfg.latency_criterion == "quantile"
+    model = cfg.latency_model
+    needs = latency_needs(
+        views,
+        forecasts,
+        budgets,
+        cfg.arrival_scv,
+        cfg.service_scv,
+        model=model,
+        quantiles={a: c.sojourn_quantile for a, c in classes.items()} if by_quantile else None,
+    )
     # build_estimator's composition, over all instances at once.
     demands = instance_demands(
         views,
@@ -159,7 +180,14 @@ def run_epoch(
     )
     models = (
         app_latency_models(
-            views, forecasts, demands, cfg.min_cap_cores, cfg.arrival_scv, cfg.service_scv
+            views,
+            forecasts,
+            demands,
+            cfg.min_cap_cores,
+            cfg.arrival_scv,
+            cfg.service_scv,
+            model=model,
+            budgets=budgets if by_quantile else None,
         )
         if cfg.dp_value == "latency"
         else None
@@ -216,11 +244,25 @@ def run_epoch(
         cfg.arrival_scv,
         cfg.service_scv,
         cfg.max_instance_cores,
+        model,
     )
-    predicted_violation = {
-        a: float(violation_ratio([estimates[a]], classes[a].target_seconds)[0])
-        for a in sorted({k.app for k in views})
-    }
+    if by_quantile:
+        tails = estimate_violation(
+            views,
+            forecasts,
+            measured_caps,
+            budgets,
+            cfg.arrival_scv,
+            cfg.service_scv,
+            cfg.max_instance_cores,
+            model,
+        )
+        predicted_violation = {a: tails[a] for a in sorted({k.app for k in views})}
+    else:
+        predicted_violation = {
+            a: float(violation_ratio([estimates[a]], classes[a].target_seconds)[0])
+            for a in sorted({k.app for k in views})
+        }
     peaks = (
         memory.peaks.peaks_with({k: d.cores for k, d in demands.items()})
         if memory.peaks is not None
@@ -246,6 +288,11 @@ def run_epoch(
         held=held,
         kappa_measured=fc.kappa_measured,
         source_points=fc.source_points,
+        forecast_levels=tuple(
+            sorted({c.forecast_quantile for c in cfg.qos.classes.values()} - {0.5})
+        ),
+        latency_model=model,
+        latency_criterion=cfg.latency_criterion,
         timing={
             **_spans(
                 (

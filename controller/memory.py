@@ -28,6 +28,7 @@ from controller.stages.evaluate import SlotRows
 from controller.stages.forecast import SourceHistory
 from controller.stages.hysteresis import HysteresisState
 from dsched.ids import InstanceKey, OperatorKey
+from predict.intervals import ConformalBank
 
 if TYPE_CHECKING:
     from controller.epoch import EpochResult
@@ -116,11 +117,14 @@ class MemoryView:
     kappa: Mapping[OperatorKey, float]
     sources: SourceHistory | None
     peaks: DemandPeaks | None
+    #: Each operator's recent one-step forecast errors (read with ``upper`` only).
+    forecast_bank: ConformalBank | None = None
 
 
 @dataclass
 class ControllerMemory:
-    """Hysteresis, held caps, CPU-per-tuple memory, source history, demand peaks."""
+    """Hysteresis, held caps, CPU-per-tuple memory, source history, demand peaks,
+    forecast errors."""
 
     forget_after_slots: int
     sources: SourceHistory | None = None
@@ -132,6 +136,12 @@ class ControllerMemory:
     held_since: dict[InstanceKey, int] = field(default_factory=dict)
     #: Last measured CPU per tuple of each operator (for operators idle this window).
     kappa: dict[OperatorKey, float] = field(default_factory=dict)
+    #: Recent one-step errors of each operator's point forecast (conformal scores),
+    #: created by the first update with the tracked quantiles of the classes.
+    forecast_bank: ConformalBank | None = None
+    #: Each operator's last point forecast and the end of the slot it was made
+    #: after: the next newer slot scores it.
+    last_forecast: dict[OperatorKey, tuple[float, float]] = field(default_factory=dict)
     #: What evaluate read from the slots last epoch: a cache of values that
     #: cannot change (slots are frozen), not a memory the decisions depend on.
     slot_rows: SlotRows = field(default_factory=SlotRows, compare=False, repr=False)
@@ -164,6 +174,7 @@ class ControllerMemory:
             MappingProxyType(self.kappa),
             self.sources,
             self.peaks,
+            self.forecast_bank,
         )
 
     def apply_seed(
@@ -193,6 +204,7 @@ class ControllerMemory:
             self.sources.forget_except(set(result.views) | {k.operator_key for k in result.held})
         if self.peaks is not None:
             self.peaks.advance({k: d.cores for k, d in result.demands.items()}, keep=result.held)
+        self._score_forecasts(result)
         # Set operations between dicts reuse the hashes the dicts store; a loop
         # over 20,000 instance keys would hash each again.
         for key in [k for k in self.held_since if k in result.caps]:
@@ -210,3 +222,32 @@ class ControllerMemory:
         hysteresis = {k: s for k, s in self.hysteresis.items() if k in held} if held else {}
         hysteresis.update(zip(result.steps, map(_state, result.steps.values()), strict=True))
         self.hysteresis = hysteresis
+
+    def _score_forecasts(self, result: EpochResult) -> None:
+        """Score last epoch's point forecasts against the slot they predicted, keep
+        this epoch's, and forget operators that are gone (their instances neither
+        reported nor are held)."""
+        levels = tuple(result.forecast_levels)
+        if self.forecast_bank is None or tuple(self.forecast_bank.levels.tolist()) != levels:
+            self.forecast_bank = ConformalBank(levels=levels)
+        keys, actual, predicted = [], [], []
+        for key, view in result.views.items():
+            last = self.last_forecast.get(key)
+            if last is not None and len(view.arrivals) and view.last_timestamp > last[1]:
+                keys.append(key)
+                actual.append(float(view.arrivals[-1]))
+                predicted.append(last[0])
+        if keys:
+            self.forecast_bank.update(keys, actual, predicted)
+        live = set(result.views) | {k.operator_key for k in result.held}
+        fresh = {
+            k: (fc.rate, result.views[k].last_timestamp)
+            for k, fc in result.forecasts.items()
+            if k in result.views and math.isfinite(fc.rate)
+        }
+        # A held operator keeps its last forecast for when its counters return.
+        self.last_forecast = {
+            **{k: v for k, v in self.last_forecast.items() if k in live and k not in fresh},
+            **fresh,
+        }
+        self.forecast_bank.forget_except(live)

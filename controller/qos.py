@@ -9,6 +9,7 @@ class is refused with a ValueError naming the known ones, and nothing changes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -19,7 +20,8 @@ from dsched.names import InvalidName, check_name
 
 @dataclass(frozen=True)
 class QosClass:
-    """One QoS class: mean latency target, tolerated violation ratio, importance.
+    """One QoS class: latency target, tolerated violation ratio, importance, and the
+    forecast quantile its demand is sized for.
 
     In the config a class is the table ``[qos.classes.<name>]``; its ``name``
     comes from the table's key.
@@ -27,12 +29,16 @@ class QosClass:
 
     # The class's name (its table's key in the config).
     name: str = ""
-    # Target mean end-to-end latency.
+    # Target end-to-end latency: its (1 - max_violation_ratio) quantile, or its mean
+    # with latency_criterion = "mean".
     target_latency_ms: float = 1000.0
-    # Share of epochs allowed over the target (0..1).
+    # Share of tuples allowed over the target (0..1).
     max_violation_ratio: float = 0.1
     # Importance in the DP when CPU is short.
     weight: float = 1.0
+    # Quantile of next slot's arrivals demand is sized for (0.5: the point forecast;
+    # higher: the forecast plus a conformal margin from its own recent errors).
+    forecast_quantile: float = 0.5
 
     @property
     def target_seconds(self) -> float:
@@ -46,6 +52,16 @@ class QosClass:
             "must be between 0 and 1 (exclusive)",
         )
         require(self.weight > 0, "weight", "must be > 0")
+        require(
+            math.isfinite(self.forecast_quantile) and 0.5 <= self.forecast_quantile < 1,
+            "forecast_quantile",
+            "must be in [0.5, 1) (0.5: the point forecast)",
+        )
+
+    @property
+    def sojourn_quantile(self) -> float:
+        """The quantile of waiting + service time that must meet the target."""
+        return 1.0 - self.max_violation_ratio
 
 
 def default_qos_classes() -> dict[str, QosClass]:

@@ -208,6 +208,33 @@ def build_record(
         )
     dp = alloc.dp
     rec = alloc.recommendation
+    sizing = {
+        "latency_model": result.latency_model,
+        "latency_criterion": result.latency_criterion,
+        # Per app: the quantile of waiting + service time that must meet the target
+        # (None under the mean criterion) and the forecast quantile demand is sized for.
+        "apps": [
+            {
+                "app": app,
+                "sojourn_quantile": classes[app].sojourn_quantile
+                if result.latency_criterion == "quantile"
+                else None,
+                "forecast_quantile": classes[app].forecast_quantile,
+            }
+            for app in sorted(alloc.apps)
+        ],
+        # Per operator (the order of `operators`): point forecast and sized rate.
+        "operators": [
+            {
+                "app": op.app,
+                "operator": op.operator,
+                "forecast_quantile": fc.quantile,
+                "point_rate": fc.rate,
+                "sized_rate": fc.demand_rate,
+            }
+            for op, fc in zip(views, map(forecasts.__getitem__, views), strict=True)
+        ],
+    }
     return {
         "epoch": epoch,
         "timestamp": now,
@@ -245,6 +272,7 @@ def build_record(
         "sent": acted.sent,
         "unreachable": acted.unreachable,
         "rejected": rejected,
+        "sizing": sizing,
     }
 
 
@@ -261,6 +289,7 @@ def _app_lines(app: str, rec: dict[str, Any], row: dict[str, Any]) -> list[str]:
         f"caps {row['cap_cores']:.2f}; latency measured {_f(row['latency_ms'], 1)} ms, "
         f"estimated {_f(row['latency_estimate_ms'], 1)} ms -> {verdict}"
     ]
+    lines += _sizing_lines(app, rec.get("sizing"))
     reasons = sorted({o["reason"] for o in rec["operators"] if o["app"] == app})
     if reasons:
         lines.append(f"  demand set by: {', '.join(reasons)}")
@@ -273,6 +302,28 @@ def _app_lines(app: str, rec: dict[str, Any], row: dict[str, Any]) -> list[str]:
     if rec_node and rec_node["nodes_delta"]:
         lines.append(f"  cluster: {rec_node['reason']}")
     return lines
+
+
+def _sizing_lines(app: str, sizing: dict[str, Any] | None) -> list[str]:
+    """How the app's demand was sized (records from before sizing have none)."""
+    if not sizing:
+        return []
+    row = next((a for a in sizing.get("apps", []) if a["app"] == app), None)
+    if row is None:
+        return []
+    ops = [o for o in sizing.get("operators", []) if o["app"] == app]
+    point = sum(o["point_rate"] for o in ops)
+    sized = sum(o["sized_rate"] for o in ops)
+    target = (
+        f"{row['sojourn_quantile']:g} quantile of latency"
+        if row.get("sojourn_quantile") is not None
+        else "mean latency"
+    )
+    return [
+        f"  sized for the {row['forecast_quantile']:g} forecast quantile: {sized:.1f} "
+        f"tuples/s over its operators (point forecast {point:.1f}); {target} by "
+        f"{sizing.get('latency_model', '?')}"
+    ]
 
 
 def explain_lines(app: str, records: list[dict[str, Any]]) -> list[str]:

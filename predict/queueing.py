@@ -24,6 +24,8 @@ times.
   service: the wait is an atom at 0 plus an exponential fitted to the model's mean and
   probability of waiting (:func:`delay_probability`), convolved in closed form with a
   gamma service time.
+* :func:`wait_arrays` / :func:`sojourn_exceedance_many` -- unchecked array forms of the
+  mean wait and the sojourn tail for inner loops (the controller's epoch).
 * :func:`min_service_rate` / :func:`min_service_rate_for_sojourn` -- the smallest
   per-server rate whose waiting (or waiting + service) time meets a target; the
   ``*_many`` variants solve thousands of operators at once with vectorised bisection;
@@ -295,11 +297,13 @@ def allen_cunneen_wait_array(arrival_rate, service_rate, servers, variability) -
     return _ac_wait_array(arrival_rate, service_rate, servers, variability)
 
 
-def _bisect_many(excess, lo: np.ndarray, hi: np.ndarray, iterations: int = 200) -> np.ndarray:
+def _bisect_many(
+    excess, lo: np.ndarray, hi: np.ndarray, iterations: int = 200, rtol: float = RATE_RTOL
+) -> np.ndarray:
     """Geometric bisection on arrays; returns the feasible end of each bracket."""
     lo, hi = lo.copy(), hi.copy()
     for _ in range(iterations):
-        if np.all(hi - lo <= hi * RATE_RTOL):
+        if np.all(hi - lo <= hi * rtol):
             break
         mid = np.sqrt(lo * hi)
         # Arithmetic midpoint where lo is 0 (geometric mean would stall there).
@@ -771,9 +775,14 @@ def _sojourn_tail_units(x, p, d, cs2) -> np.ndarray:
         fast = np.where(xp > 0, np.exp(log_front) * hyp1f1(1.0, k + 1.0, -c * xp), 0.0)
         extra = np.where(c < 0, slow, fast)
         deterministic = np.minimum(1.0, np.exp(-(xp - 1.0) / dd))
-    delayed = np.where(det, deterministic, np.minimum(1.0, g + extra))
+    # With nearly deterministic service (a huge gamma shape) the closed forms can
+    # overflow into inf * 0; the deterministic-service tail is their limit there.
+    near_det = det | ~np.isfinite(extra)
+    delayed = np.where(near_det, deterministic, np.minimum(1.0, g + extra))
     delayed = np.where(d > 0, delayed, g)
-    return (1.0 - p) * g + p * delayed
+    # Where nobody waits the delayed branch is unused (and may be NaN for nearly
+    # deterministic service, whose gamma shape overflows the closed forms).
+    return (1.0 - p) * g + np.where(p > 0, p * delayed, 0.0)
 
 
 def _wait_units(fn, lam, mu, m, ca2, cs2) -> tuple[np.ndarray, np.ndarray]:
@@ -820,6 +829,23 @@ def sojourn_tail(
     p, d = _wait_units(fn, lam, mu, m, ca2, cs2)
     out = np.where(np.isinf(d), 1.0, _sojourn_tail_units(a["t"] * mu, p, d, cs2))
     return float(out) if out.ndim == 0 else out
+
+
+def wait_arrays(model: str, lam, mu, m, ca2, cs2) -> tuple[np.ndarray, np.ndarray]:
+    """Unchecked array form for inner loops: (mean wait, probability of waiting) by the
+    model named ``model`` on float arrays the caller has validated (``lam >= 0``,
+    ``mu > 0``, integral ``m >= 1``, SCVs ``>= 0``); ``inf`` / 1 where unstable."""
+    return _model_arrays(model)(lam, mu, m, ca2, cs2)
+
+
+def sojourn_exceedance_many(model: str, t, lam, mu, m, ca2, cs2) -> np.ndarray:
+    """Unchecked array form of :func:`sojourn_tail` for inner loops: P(waiting +
+    service > t) per element, on validated float arrays that broadcast together
+    (``t >= 0``; the rest as :func:`wait_arrays`); 1 where the queue is unstable."""
+    p, d = _wait_units(_model_arrays(model), lam, mu, m, ca2, cs2)
+    unstable = np.isinf(d)
+    tail = _sojourn_tail_units(t * mu, p, np.where(unstable, 0.0, d), cs2)
+    return np.where(unstable, 1.0, tail)
 
 
 def _quantile_bracket(q, p, d, cs2) -> tuple[np.ndarray, np.ndarray]:
@@ -955,8 +981,13 @@ def min_service_rate_for_sojourn_quantile_many(
     service_scv=1.0,
     *,
     model: str = DEFAULT_WAIT_MODEL,
+    rtol: float = RATE_RTOL,
 ) -> np.ndarray:
-    """Element-wise :func:`min_service_rate_for_sojourn_quantile` (vectorised bisection)."""
+    """Element-wise :func:`min_service_rate_for_sojourn_quantile` (vectorised bisection).
+
+    ``rtol`` is the relative width at which the search stops; the rate returned is
+    always the feasible end of the bracket, so a coarser ``rtol`` (fewer tail
+    evaluations) can only overstate the minimal rate, by at most that share."""
     fn = _model_arrays(model)
     a = _checked_arrays(
         q=q,
@@ -978,10 +1009,12 @@ def min_service_rate_for_sojourn_quantile_many(
         tail = _sojourn_tail_units(t * mu, p, np.where(finite, d, 0.0), cs2)
         return np.where(finite, tail - (1.0 - qq), np.inf)
 
-    return _min_rate_many(excess, _service_isf(1.0 - qq, cs2) / t, lam, m, t)
+    if not 0 < rtol < 1:
+        raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
+    return _min_rate_many(excess, _service_isf(1.0 - qq, cs2) / t, lam, m, t, rtol)
 
 
-def _min_rate_many(excess, floor: np.ndarray, lam, m, t) -> np.ndarray:
+def _min_rate_many(excess, floor: np.ndarray, lam, m, t, rtol: float = RATE_RTOL) -> np.ndarray:
     lo = np.where(lam > 0, np.maximum(floor, lam / m * (1 + STABILITY_MARGIN)), floor)
     lo = np.maximum(lo, 1e-300)
     done = excess(lo) <= 0
@@ -992,7 +1025,7 @@ def _min_rate_many(excess, floor: np.ndarray, lam, m, t) -> np.ndarray:
             break
         lo = np.where(bad, hi, lo)
         hi = np.where(bad, hi * 2.0, hi)
-    mu = _bisect_many(excess, lo, hi)
+    mu = _bisect_many(excess, lo, hi, rtol=rtol)
     return np.where(done, lo, mu)
 
 

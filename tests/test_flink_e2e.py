@@ -202,7 +202,17 @@ def test_dry_run_then_enforce_two_classes_then_cancel(flink_cluster, tmp_path, c
                 assert ops[v]["cap_cores"] > 0
         keys = {(i["app"], i["operator"], i["instance"]) for i in rec["instances"]}
         assert {("gold-wc", "Calc_2", 0), ("gold-wc", "Calc_2", 1)} <= keys
-        plan = json.loads(_ctl(cluster, "--json", "plan"))
+        # dschedctl reads the newest record, which can be one where a slot's Flink
+        # counters were late (its subtasks held, out of the operator rows).
+        plan = _wait(
+            "dschedctl plan with both jobs measured",
+            lambda: (
+                (p := json.loads(_ctl(cluster, "--json", "plan")))
+                and _measured(p, tuple(jobs))
+                and p
+            ),
+            60,
+        )
         rows = {(o["app"], o["operator"]): o for o in plan["operators"]}
         calc = rows[("gold-wc", "Calc_2")]
         # Rate, prediction, CPU per record (kappa), recommended cap and why.
@@ -245,8 +255,12 @@ def test_dry_run_then_enforce_two_classes_then_cancel(flink_cluster, tmp_path, c
         short = [a for a in by_app if a["bronze-wc"]["cut_cores"] + a["gold-wc"]["cut_cores"] > 0]
         assert short, "the node was never short"
         for a in short:
-            # Bronze gives first; gold loses CPU only once bronze is down to its floors.
-            assert a["bronze-wc"]["cut_cores"] > 0
+            # Bronze gives first (cut, or already at its floors with nothing to give);
+            # gold loses CPU only once bronze is down to its floors.
+            bronze_at_floors = (
+                a["bronze-wc"]["allocated_cores"] <= a["bronze-wc"]["floor_cores"] + 1e-6
+            )
+            assert a["bronze-wc"]["cut_cores"] > 0 or bronze_at_floors
             if a["gold-wc"]["cut_cores"] > 0.005:
                 assert a["bronze-wc"]["allocated_cores"] <= a["bronze-wc"]["floor_cores"] + 1e-6
         for jid in jobs.values():

@@ -23,11 +23,19 @@ Sender = Callable[[pb.ControllerMessage], None]
 
 
 class AgentSessions:
-    """Open agent streams by node id; a transport registers a sender per stream."""
+    """Open agent streams by node id; a transport registers a sender per stream.
+
+    A transport whose senders belong to one thread (the gRPC server's event
+    loop) sets ``run_batch``: :meth:`send_many` then hands all of an epoch's
+    directives to that thread at once, one wake-up instead of one per agent,
+    and the senders run there.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._senders: dict[str, Sender] = {}
+        #: Runs a function on the senders' thread, soon; None: call senders here.
+        self.run_batch: Callable[[Callable[[], None]], None] | None = None
 
     def attach(self, node_id: str, send: Sender) -> None:
         with self._lock:
@@ -49,6 +57,27 @@ class AgentSessions:
             return False
         send(msg)
         return True
+
+    def send_many(self, msgs: dict[str, pb.ControllerMessage]) -> set[str]:
+        """Send each node its message; the nodes that had a session."""
+        with self._lock:
+            found = [(self._senders[n], m) for n, m in msgs.items() if n in self._senders]
+            reached = {n for n in msgs if n in self._senders}
+        run = self.run_batch
+        if run is None or not found:
+            for send, msg in found:
+                send(msg)
+            return reached
+
+        def deliver() -> None:
+            for send, msg in found:
+                send(msg)
+
+        try:
+            run(deliver)
+        except RuntimeError:
+            pass  # the transport stopped: its streams with it
+        return reached
 
 
 @dataclass
@@ -97,8 +126,10 @@ class AgentActuator:
         self, epoch: int, caps_by_node: dict[str, dict[InstanceKey, float]], reason: str
     ) -> ActResult:
         res = ActResult()
+        msgs = {node: directive(epoch, caps, reason) for node, caps in sorted(caps_by_node.items())}
+        reached = self.sessions.send_many(msgs)
         for node, caps in sorted(caps_by_node.items()):
-            if self.sessions.send(node, directive(epoch, caps, reason)):
+            if node in reached:
                 res.sent[node] = len(caps)
             else:
                 res.unreachable.append(node)

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 # A report stamped further ahead than this is from a broken clock, not the future.
 MAX_CLOCK_SKEW_SECONDS = 30.0
+# Valid names remembered by ingest (then forgotten all at once and learnt again).
+MAX_REMEMBERED_NAMES = 1_000_000
 
 
 class HelloRefused(ValueError):
@@ -124,6 +126,11 @@ class ObservedCluster:
         self._engine_stamps: dict[InstanceKey, int] = {}
         # The node an instance was last accepted from (its owner while it claims it).
         self._owners: dict[InstanceKey, str] = {}
+        self._good_names: set[str] = set()
+        # Bumped whenever instances come, go or change node (after the change):
+        # readers without the controller's lock cache what they derive from it.
+        self.generation = 0
+        self._per_node: tuple[int, dict[str, int]] = (-1, {})
 
     # ------------------------------------------------------------------ agents
     def agent_connected(self, hello: pb.Hello, now: float | None = None) -> AgentInfo:
@@ -236,6 +243,7 @@ class ObservedCluster:
         for key in claims:
             self._owners[key] = node
         agent.claims = claims
+        self.generation += 1
         return result
 
     def _owned_elsewhere(self, key: InstanceKey, node: str, now: float) -> str | None:
@@ -253,6 +261,17 @@ class ObservedCluster:
             return owner
         return None
 
+    def _name(self, kind: str, value: str) -> str:
+        """``check_name``, remembering the names that passed (the same few
+        thousand arrive every slot; whether a name is valid depends on it alone)."""
+        if value in self._good_names:
+            return value
+        check_name(kind, value)
+        if len(self._good_names) >= MAX_REMEMBERED_NAMES:
+            self._good_names.clear()
+        self._good_names.add(value)
+        return value
+
     def _engine_counters(self, engine: str, key: InstanceKey) -> tuple[InstanceCounters, int] | str:
         """(counters, reading stamp) of an engine instance, or why it is unmeasured."""
         if self.engines is None:
@@ -268,45 +287,56 @@ class ObservedCluster:
     def _instance_slot(
         self, result: IngestResult, node: str, report: pb.NodeReport, s: pb.InstanceSample
     ) -> InstanceSlot | Unmeasured | None:
+        name = self._name
         try:
             key = InstanceKey(
-                check_name("app", s.key.app), check_name("operator", s.key.operator), s.key.instance
+                name("app", s.key.app), name("operator", s.key.operator), s.key.instance
             )
             # An engine that does not name its workers gets the testbed's
             # convention: one stateful and one stateless worker per app and node.
             kind = "stateful" if s.stateful else "stateless"
-            worker = check_name("worker", s.worker or f"{key.app}-{kind}-{node}")
-            upstream = tuple(check_name("upstream", u) for u in s.upstream)
+            worker = name("worker", s.worker or f"{key.app}-{kind}-{node}")
+            upstream = tuple(name("upstream", u) for u in s.upstream)
         except InvalidName as exc:
             self._reject(result, node, "bad_name", str(exc))
             return None
         if key.instance < 0:
             self._reject(result, node, "bad_instance", f"{key}: negative instance index")
             return None
-        floats = {
-            "cpu_seconds_total": s.cpu_seconds_total,
-            "cpu_usage_cores": s.cpu_usage_cores,
-            "latency_sum_seconds_total": s.latency_sum_seconds_total,
-            "service_seconds_total": s.service_seconds_total,
-        }
-        if s.HasField("cap_cores"):
-            floats["cap_cores"] = s.cap_cores
-        if s.HasField("throttled_seconds_total"):
-            floats["throttled_seconds_total"] = s.throttled_seconds_total
-        for name, v in floats.items():
-            if not math.isfinite(v):
-                self._reject(result, node, "nan", f"{key}: {name} is {v!r}")
-                return None
-            if v < 0:
-                self._reject(result, node, "negative", f"{key}: {name} is {v!r}")
-                return None
+        cap = s.cap_cores if s.HasField("cap_cores") else None
+        throttled = s.throttled_seconds_total if s.HasField("throttled_seconds_total") else None
+        # Every value finite and >= 0 (NaN fails each comparison): the usual case,
+        # checked without naming the values. Otherwise the first bad one is named.
+        if not (
+            0.0 <= s.cpu_seconds_total < math.inf
+            and 0.0 <= s.cpu_usage_cores < math.inf
+            and 0.0 <= s.latency_sum_seconds_total < math.inf
+            and 0.0 <= s.service_seconds_total < math.inf
+            and (cap is None or 0.0 <= cap < math.inf)
+            and (throttled is None or 0.0 <= throttled < math.inf)
+        ):
+            floats = {
+                "cpu_seconds_total": s.cpu_seconds_total,
+                "cpu_usage_cores": s.cpu_usage_cores,
+                "latency_sum_seconds_total": s.latency_sum_seconds_total,
+                "service_seconds_total": s.service_seconds_total,
+            }
+            if cap is not None:
+                floats["cap_cores"] = cap
+            if throttled is not None:
+                floats["throttled_seconds_total"] = throttled
+            for field_name, v in floats.items():
+                if not math.isfinite(v):
+                    self._reject(result, node, "nan", f"{key}: {field_name} is {v!r}")
+                    return None
+                if v < 0:
+                    self._reject(result, node, "negative", f"{key}: {field_name} is {v!r}")
+                    return None
         if s.queue_length < 0:
             self._reject(result, node, "negative", f"{key}: queue_length is {s.queue_length}")
             return None
-        cap = s.cap_cores if s.HasField("cap_cores") else None
         if cap is not None:
             self.agents[node].caps[key] = cap
-        throttled = s.throttled_seconds_total if s.HasField("throttled_seconds_total") else None
         queue_length = float(s.queue_length)
         if s.engine:
             found = self._engine_counters(s.engine, key)
@@ -352,17 +382,32 @@ class ObservedCluster:
         if seconds <= 0:
             self._reject(result, node, "bad_timestamp", f"{key}: time did not advance")
             return None
-        deltas = {
-            "arrivals": current.arrivals - prev.arrivals,
-            "executed": current.executed - prev.executed,
-            "emitted": current.emitted - prev.emitted,
-            "cpu_seconds": current.cpu_seconds - prev.cpu_seconds,
-            "latency_sum": current.latency_sum - prev.latency_sum,
-            "latency_count": current.latency_count - prev.latency_count,
-            "service_seconds": current.service_seconds - prev.service_seconds,
-        }
-        went_back = sorted(k for k, v in deltas.items() if v < 0)
-        if went_back:
+        arrivals = current.arrivals - prev.arrivals
+        executed = current.executed - prev.executed
+        emitted = current.emitted - prev.emitted
+        cpu_seconds = current.cpu_seconds - prev.cpu_seconds
+        latency_sum = current.latency_sum - prev.latency_sum
+        latency_count = current.latency_count - prev.latency_count
+        service_seconds = current.service_seconds - prev.service_seconds
+        if (
+            arrivals < 0
+            or executed < 0
+            or emitted < 0
+            or cpu_seconds < 0
+            or latency_sum < 0
+            or latency_count < 0
+            or service_seconds < 0
+        ):
+            deltas = {
+                "arrivals": arrivals,
+                "executed": executed,
+                "emitted": emitted,
+                "cpu_seconds": cpu_seconds,
+                "latency_sum": latency_sum,
+                "latency_count": latency_count,
+                "service_seconds": service_seconds,
+            }
+            went_back = sorted(k for k, v in deltas.items() if v < 0)
             # An instance that restarted begins its counters again; its new
             # reading becomes the baseline and this slot carries no delta.
             self._reject(
@@ -380,14 +425,14 @@ class ObservedCluster:
             slot=report.slot,
             timestamp=report.timestamp,
             seconds=seconds,
-            arrivals=deltas["arrivals"],
-            executed=deltas["executed"],
-            emitted=deltas["emitted"],
-            cpu_seconds=deltas["cpu_seconds"],
+            arrivals=arrivals,
+            executed=executed,
+            emitted=emitted,
+            cpu_seconds=cpu_seconds,
             queue_length=queue_length,
-            latency_sum_seconds=deltas["latency_sum"],
-            latency_count=deltas["latency_count"],
-            service_seconds=deltas["service_seconds"],
+            latency_sum_seconds=latency_sum,
+            latency_count=latency_count,
+            service_seconds=service_seconds,
             cap_cores=cap,
             throttled_seconds=throttled_delta,
             upstream=upstream,
@@ -419,6 +464,8 @@ class ObservedCluster:
                 self._baselines.pop(k, None)
                 self._engine_stamps.pop(k, None)
                 self._owners.pop(k, None)
+        if gone:
+            self.generation += 1
         if gone or silent:
             live_ops = {(k.app, k.operator) for k in (*self.histories, *self.unmeasured)}
             for app, topo in list(self.topologies.items()):
@@ -438,3 +485,17 @@ class ObservedCluster:
 
     def node_capacity(self) -> dict[str, float]:
         return {n: a.cpu_capacity_cores for n, a in self.agents.items() if a.connected}
+
+    def instances_per_node(self) -> dict[str, int]:
+        """Node -> instances with a history there. Safe without the controller's
+        lock (a status call): computed from a snapshot, and kept until the next
+        change of :attr:`generation`. The caller must not change the dict."""
+        generation = self.generation  # read before the snapshot
+        cached_at, counts = self._per_node
+        if cached_at == generation:
+            return counts
+        counts = {}
+        for h in list(self.histories.values()):
+            counts[h.node] = counts.get(h.node, 0) + 1
+        self._per_node = (generation, counts)
+        return counts

@@ -154,7 +154,15 @@ class _AgentStream:
         self.wake.set()
 
     def send(self, msg: pb.ControllerMessage) -> None:
-        """From any thread (the epoch's): hand ``msg`` to the loop."""
+        """From any thread (the epoch's): hand ``msg`` to the loop. On the loop
+        (a batch of directives delivered there): queue it now."""
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:  # no loop runs in this thread
+            on_loop = False
+        if on_loop:
+            self.push(msg)
+            return
         try:
             self.loop.call_soon_threadsafe(self.push, msg)
         except RuntimeError:
@@ -361,7 +369,10 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                         continue
                     await self.server.agent_call(self.controller.on_report, msg.report)
                 elif kind == "ack":
-                    await self.server.agent_call(self.controller.on_ack, node, msg.ack)
+                    if msg.ack.rejected:
+                        await self.server.agent_call(self.controller.on_ack, node, msg.ack)
+                    # An ack that refused nothing has nothing for the core: a
+                    # thousand of them per epoch are not worth a thread hop each.
         except asyncio.CancelledError:
             raise
         except grpc.RpcError:
@@ -615,9 +626,15 @@ class ControllerServer:
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
+        # The agents' senders run on this loop: an epoch's directives come in
+        # one hand-over (AgentSessions.send_many), not one wake-up per agent.
+        sessions = self.controller.sessions
+        sessions.run_batch = loop.call_soon_threadsafe
         try:
             loop.run_until_complete(self._main())
         finally:
+            if sessions.run_batch == loop.call_soon_threadsafe:
+                sessions.run_batch = None
             loop.close()
 
     async def _main(self) -> None:

@@ -177,6 +177,68 @@ def keep_current(state: PlacementInput) -> dict[str, GroupKey]:
     }
 
 
+class FreeTree:
+    """Free cores of nodes by position, for the first node with room and the
+    roomiest node in O(log n) instead of a scan of every node.
+
+    Each inner entry is the largest free room below it. A query walks down to
+    the leftmost leaf that satisfies a predicate that is monotone in the room
+    (more room never turns it false): then an entry satisfies it exactly when
+    some leaf below does, so the answer is the one a scan in node order finds.
+    """
+
+    def __init__(self, free: Iterable[float]):
+        leaves = list(free)
+        size = 1
+        while size < len(leaves):
+            size *= 2
+        self.size = size
+        self.tree = [-math.inf] * (2 * size)
+        self.tree[size : size + len(leaves)] = leaves
+        for i in range(size - 1, 0, -1):
+            self.tree[i] = max(self.tree[2 * i], self.tree[2 * i + 1])
+
+    def set(self, pos: int, free: float) -> None:
+        tree = self.tree
+        i = pos + self.size
+        tree[i] = free
+        i //= 2
+        while i:
+            tree[i] = max(tree[2 * i], tree[2 * i + 1])
+            i //= 2
+
+    def first(self, ok, start: int = 0) -> int | None:
+        """Position of the first node from ``start`` on whose room satisfies the
+        monotone ``ok``; None when there is none."""
+        tree, size = self.tree, self.size
+        if start >= size:
+            return None
+        i = start + size
+        while True:
+            if ok(tree[i]):
+                while i < size:
+                    i = 2 * i if ok(tree[2 * i]) else 2 * i + 1
+                return i - size
+            # On to the subtree just right of this one.
+            while i & 1:
+                i >>= 1
+            if i == 0:
+                return None
+            i += 1
+
+    def first_fit(self, demand: float) -> int | None:
+        """The first node where ``demand`` fits (:func:`fits`)."""
+        return self.first(lambda room: fits(room, demand))
+
+    def roomiest(self, demand: float = 0.0) -> int:
+        """The first of the nodes with most room once ``demand`` is taken from it:
+        ``max(nodes, key=(room - demand, -position))``."""
+        best = self.tree[1] - demand
+        found = self.first(lambda room: room - demand >= best)
+        assert found is not None
+        return found
+
+
 def least_loaded_fallback(state: PlacementInput, free: dict[str, float], demand: float) -> str:
     """The node with most free cores, for an instance that fits nowhere."""
     return max(state.node_ids, key=lambda n: (free[n] - demand, -state.node_index[n]))
@@ -197,15 +259,21 @@ def first_fit_decreasing(
         free[node] -= demand[inst_id]
     ok = all(fits(room, 0.0) for room in free.values())
     node_of = dict(fixed)
+    # The first node with room (else the roomiest: least_loaded_fallback), found
+    # in a tree of the rooms rather than by a scan of every node per instance.
+    nodes = state.node_ids
+    rooms = FreeTree(free[n] for n in nodes)
     for inst in sorted(state.instances, key=lambda i: (-i.demand_cores, i.id)):
         if inst.id in fixed:
             continue
-        target = next((n for n in state.node_ids if fits(free[n], inst.demand_cores)), None)
-        if target is None:
+        pos = rooms.first_fit(inst.demand_cores)
+        if pos is None:
             ok = False
-            target = least_loaded_fallback(state, free, inst.demand_cores)
+            pos = rooms.roomiest(inst.demand_cores)
+        target = nodes[pos]
         node_of[inst.id] = target
         free[target] -= inst.demand_cores
+        rooms.set(pos, free[target])
     return node_of, ok
 
 
@@ -237,14 +305,19 @@ def name_workers(
         old_members[worker].add(inst_id)
     live = state.live_workers()
 
+    # Live workers by (app, node), each list in the order of ``live``: a group
+    # only ever meets the workers of its app on its node (the candidates, and
+    # so the choice, are those of a scan of every live worker per group).
+    live_at: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for wid, worker in live.items():
+        live_at[(worker.app, worker.node)].append(wid)
     candidates: list[tuple[int, str, str, tuple[str, GroupKey]]] = []
     for key, insts in members.items():
         app, group = key
-        for wid, worker in live.items():
-            if worker.app == app and worker.node == group.node:
-                overlap = len(insts & old_members[wid])
-                if overlap:
-                    candidates.append((overlap, wid, _worker_id(app, group), key))
+        for wid in live_at.get((app, group.node), ()):
+            overlap = len(insts & old_members[wid])
+            if overlap:
+                candidates.append((overlap, wid, _worker_id(app, group), key))
     candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
     chosen: dict[tuple[str, GroupKey], str] = {}
     taken: set[str] = set()

@@ -73,6 +73,7 @@ from dataclasses import dataclass, field
 
 from controller.placement.common import (
     Decision,
+    FreeTree,
     GroupKey,
     PlacementStrategy,
     bfs_instances,
@@ -132,6 +133,10 @@ class _Layout:
         self._capacity = {
             n: self.state.capacity(n, self.headroom_cores) for n in self.state.node_ids
         }
+        # Free room by node position, kept with the loads: placement looks for
+        # the first node with room for each displaced instance.
+        self._pos = self.state.node_index
+        self._rooms = FreeTree(self.free(n) for n in self.state.node_ids)
 
     def capacity(self, node: str) -> float:
         return self._capacity[node]
@@ -155,6 +160,21 @@ class _Layout:
     def worker_demand(self, node: str, slot: WorkerSlot) -> float:
         return self._worker_load.get((node, slot), 0.0)
 
+    def fitting(self, demand: float):
+        """Nodes where ``demand`` fits now (:func:`fits` with :meth:`free`), in node order."""
+        nodes, rooms = self.state.node_ids, self._rooms
+
+        def ok(room: float) -> bool:
+            return fits(room, demand)
+
+        pos = rooms.first(ok)
+        while pos is not None:
+            yield nodes[pos]
+            pos = rooms.first(ok, pos + 1)
+
+    def _moved(self, node: str) -> None:
+        self._rooms.set(self._pos[node], self.free(node))
+
     def slots(self, node: str) -> list[WorkerSlot]:
         return sorted(s for s, insts in self.members[node].items() if insts)
 
@@ -173,6 +193,7 @@ class _Layout:
                 self._stateful_load[node] += d
                 self._stateful_peak[node] += inst.peak_cores
                 self._worker_peak[(node, slot)] += inst.peak_cores
+            self._moved(node)
 
     def take_worker(self, node: str, slot: WorkerSlot) -> set[str]:
         insts = self.members[node].pop(slot, set())
@@ -187,6 +208,7 @@ class _Layout:
         if not any(members for (_, sf), members in self.members[node].items() if sf):
             self._stateful_load[node] = 0.0
             self._stateful_peak[node] = 0.0
+        self._moved(node)
         self.usable.add((node, slot))
         return insts
 
@@ -269,10 +291,16 @@ class LiuStrategy(PlacementStrategy):
                     "workers separated) fits"
                 )
                 return Decision(groups, tuple(reasons))
+            # The node with most room, first in node order among equals
+            # (max over the nodes by (free, -index)), from a tree of the rooms.
+            nodes = state.node_ids
+            rooms = FreeTree(layout.free(n) for n in nodes)
             for inst_id in unplaced:
                 inst = instances[inst_id]
-                node = max(state.node_ids, key=lambda n: (layout.free(n), -state.node_index[n]))
+                pos = rooms.roomiest()
+                node = nodes[pos]
                 layout.add(node, inst)
+                rooms.set(pos, layout.free(node))
                 reasons.append(f"{inst_id} fits on no node; put on {node}, which has most room")
         elif self.scale_in:
             self._scale_in(layout, reasons)
@@ -454,7 +482,11 @@ class LiuStrategy(PlacementStrategy):
             return own, "own"
         tiers = (("zero", zero_affected), ("one", in_use), ("free", lambda n: not in_use(n)))
         for tier, eligible in tiers:
-            target = next((n for n in layout.state.node_ids if eligible(n) and room(n)), None)
+            # Only nodes with room for the demand now can qualify: the scan in
+            # node order skips the others through the layout's tree of rooms.
+            target = next(
+                (n for n in layout.fitting(inst.demand_cores) if eligible(n) and room(n)), None
+            )
             if target is not None:
                 return target, tier
         return None, ""

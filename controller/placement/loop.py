@@ -5,23 +5,45 @@ epoch only offers its typed demands to :class:`PlacementLoop`; when the
 thread is idle and no earlier move is still settling, it plans (and, in
 enforce mode, moves) in the background, and the epoch reports the last plan
 that finished. Until instances have moved, the overflow stays cut by weight.
+
+A plan of a large cluster (``process_min_instances`` instances or more, 2,000
+by default) is computed in a child process at a lower CPU priority, not on the
+placement thread: planning is pure Python, and on a thread it would hold the
+interpreter lock for seconds against the epoch, report ingestion and the gRPC
+event loop. The offer and the strategy (whose memory, e.g. ``liu``'s scale-in
+patience, carries over between plans) go to the child; the plan and the
+strategy as the plan left it come back, so :attr:`PlacementLoop.strategy` is
+always the one to plan with next. Moves are still carried out here. Small
+plans stay on the thread (starting a process would cost more than the plan).
+docs/placement.md, "Where plans run", has the figures.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
 from controller.placement.common import PlacementStrategy
 from controller.placement.migration import LogOnlyMoveActuator, MoveActuator, MoveResult
+from controller.placement.model import Plan
 from controller.placement.stage import PlacementDemand, placement_summary, plan_placement
 from dsched.ids import InstanceKey
 
 log = logging.getLogger(__name__)
+
+#: Offers of at least this many instances are planned in a child process.
+PROCESS_MIN_INSTANCES = 2_000
+#: How much lower the planner process's CPU priority is (os.nice increment).
+PLANNER_NICENESS = 10
+#: Planner processes that may die in a row before plans stay on the thread.
+PLANNER_DEATHS_TOLERATED = 3
 
 
 @dataclass(frozen=True)
@@ -47,8 +69,13 @@ class PlacementLoop:
         mover: MoveActuator,
         headroom_cores: float,
         settle_epochs: int,
+        process_min_instances: int | None = PROCESS_MIN_INSTANCES,
     ):
         self.strategy = strategy
+        # None: every plan on the placement thread.
+        self.process_min_instances = process_min_instances
+        self._planner: ProcessPoolExecutor | None = None
+        self._planner_deaths = 0
         self.mover = mover
         self.headroom_cores = headroom_cores
         # A move not reported on its new node after this many epochs is news
@@ -112,17 +139,50 @@ class PlacementLoop:
                 self._settling = {}
             return pending
 
+    def _plan(self, offer: PlacementOffer) -> Plan | None:
+        """The offer's plan, in the child process when the offer is large."""
+        limit = self.process_min_instances
+        if (
+            limit is not None
+            and len(offer.demands) >= limit
+            and self._planner_deaths < PLANNER_DEATHS_TOLERATED
+        ):
+            if self._planner is None:
+                self._planner = ProcessPoolExecutor(
+                    max_workers=1,
+                    # Not fork: the parent runs gRPC and a dozen threads.
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_lower_priority,
+                )
+            try:
+                future = self._planner.submit(
+                    _plan_elsewhere, offer, self.strategy, self.headroom_cores
+                )
+                plan, self.strategy = future.result()
+                self._planner_deaths = 0
+                return plan
+            except BrokenProcessPool:
+                # The child died (killed, out of memory, or it could not start:
+                # a program embedding the controller must guard its main module
+                # as multiprocessing requires): plan here this time, and start
+                # a new child for the next plan, a few times in a row at most.
+                self._planner_deaths += 1
+                log.exception(
+                    "epoch %d: the planner process died (%d of %d in a row)%s",
+                    offer.epoch,
+                    self._planner_deaths,
+                    PLANNER_DEATHS_TOLERATED,
+                    ""
+                    if self._planner_deaths < PLANNER_DEATHS_TOLERATED
+                    else "; plans are made on the placement thread from now on",
+                )
+                self._planner.shutdown(wait=False, cancel_futures=True)
+                self._planner = None
+        return _plan_offer(offer, self.strategy, self.headroom_cores)
+
     def _plan_and_move(self, offer: PlacementOffer) -> None:
         try:
-            plan = plan_placement(
-                offer.demands,
-                capacity=offer.capacity,
-                current=offer.current,
-                strategy=self.strategy,
-                headroom_cores=self.headroom_cores,
-                dags=offer.dags,
-                pinned=offer.pinned,
-            )
+            plan = self._plan(offer)
         except ValueError as exc:
             log.error("epoch %d: no placement plan: %s", offer.epoch, exc)
             with self._lock:
@@ -169,3 +229,35 @@ class PlacementLoop:
     def stop(self) -> None:
         self.wait()
         self._pool.shutdown(wait=True)
+        if self._planner is not None:
+            self._planner.shutdown(wait=True)
+            self._planner = None
+
+
+def _plan_offer(
+    offer: PlacementOffer, strategy: PlacementStrategy, headroom_cores: float
+) -> Plan | None:
+    return plan_placement(
+        offer.demands,
+        capacity=offer.capacity,
+        current=offer.current,
+        strategy=strategy,
+        headroom_cores=headroom_cores,
+        dags=offer.dags,
+        pinned=offer.pinned,
+    )
+
+
+def _plan_elsewhere(
+    offer: PlacementOffer, strategy: PlacementStrategy, headroom_cores: float
+) -> tuple[Plan | None, PlacementStrategy]:
+    """In the planner process: the plan, and the strategy with its memory updated."""
+    return _plan_offer(offer, strategy, headroom_cores), strategy
+
+
+def _lower_priority() -> None:
+    """The planner yields the CPU to the controller's fast loop."""
+    try:
+        os.nice(PLANNER_NICENESS)
+    except OSError:  # not permitted here: plan at the same priority
+        pass

@@ -130,6 +130,10 @@ def plan_from_dict(data: Any) -> Plan:
     )
 
 
+#: Plans a log-only actuator keeps (the latest).
+LOG_ONLY_PLANS_KEPT = 4
+
+
 class LogOnlyMoveActuator:
     """Dry-run: logs and keeps the plans it was given; nothing moves."""
 
@@ -140,6 +144,8 @@ class LogOnlyMoveActuator:
 
     def execute(self, plan: Plan) -> MoveResult:
         self.plans.append(plan)
+        # Only the latest few: a plan of a large cluster is megabytes.
+        del self.plans[:-LOG_ONLY_PLANS_KEPT]
         for m in plan.moves:
             log.info(
                 "dry-run: would move %s from %s/%s to %s/%s",

@@ -239,6 +239,14 @@ class PlacementInput:
         placed = self.current_assignment()
         return tuple(i for i in self.instances if i.id not in placed)
 
+    @cached_property
+    def operators_by_app(self) -> dict[str, tuple[str, ...]]:
+        """App -> its operators, in the order they first appear among the instances."""
+        out: dict[str, dict[str, None]] = {}
+        for i in self.instances:
+            out.setdefault(i.app, {})[i.operator] = None
+        return {app: tuple(ops) for app, ops in out.items()}
+
     def instance_map(self) -> dict[str, Instance]:
         return {i.id: i for i in self.instances}
 
@@ -260,7 +268,7 @@ def operator_order(state: PlacementInput, app: str) -> list[str]:
     Operators that appear only in instances (no edges) come after, by name.
     Raises ValueError naming ``dags[app]`` when the graph has a cycle.
     """
-    parents: dict[str, list[str]] = {i.operator: [] for i in state.instances if i.app == app}
+    parents: dict[str, list[str]] = {op: [] for op in state.operators_by_app.get(app, ())}
     for up, down in state.dags.get(app, ()):
         parents.setdefault(up, [])
         parents.setdefault(down, []).append(up)

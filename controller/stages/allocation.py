@@ -6,7 +6,8 @@ the QoS-weighted dynamic program).
   discrete cap units, vectorized with numpy.
 * :func:`covered_values` / :func:`latency_values` -- the contribution of giving an
   application k units: covered demand weighted by class, or the weighted share
-  of its demand whose latency is predicted to stay within the class's bounds.
+  of its demand whose latency is predicted to stay within the class's bounds
+  (the configured queueing model's sojourn tail, :meth:`AppLatencyModel.violation`).
   Neither rewards CPU beyond demand: the value arrays stop at the demand.
 * :func:`node_recommendation` -- compare the optimum at today's capacity, one
   node more and one node fewer; recommend a change only when it beats the
@@ -39,7 +40,7 @@ import numpy as np
 from controller.qos import QosClass
 from dsched.ids import InstanceKey
 from dsched.registry import Registry
-from predict.queueing import _ac_wait_array
+from predict.queueing import sojourn_exceedance_many, wait_arrays
 
 if TYPE_CHECKING:
     from controller.stages.demand import InstanceDemand
@@ -145,22 +146,54 @@ class AppLatencyModel:
     floor_cores: np.ndarray  # per operator: the floors of its instances, summed
     arrival_scv: float = 1.0
     service_scv: float = 1.0
+    # Queueing model of the waits (predict.queueing.WAIT_MODELS).
+    model: str = "allen-cunneen"
+    # Per operator: its share of the target (seconds). Given, the violation estimate
+    # is the model's sojourn tail at these budgets (the quantile criterion); None:
+    # an exponential tail of the mean critical-path latency (the mean criterion).
+    budgets: np.ndarray | None = None
+
+    def _service_rates(self, extra_cores) -> tuple[np.ndarray, np.ndarray]:
+        """(extra grants as a row, service rate per instance: operators x grants)."""
+        extra = np.asarray(extra_cores, dtype=float)[None, :]
+        op_cores = self.floor_cores[:, None] + self.share[:, None] * extra
+        kappa = np.maximum(self.kappa[:, None], 1e-12)
+        return extra, np.maximum(op_cores / self.instances[:, None], 1e-12) / kappa
 
     def latency_seconds(self, extra_cores: np.ndarray) -> np.ndarray:
         """Critical-path latency (waiting + service) for each app-level grant."""
-        extra = np.asarray(extra_cores, dtype=float)[None, :]
-        op_cores = self.floor_cores[:, None] + self.share[:, None] * extra
+        extra, mu = self._service_rates(extra_cores)
         m = self.instances[:, None]
-        kappa = np.maximum(self.kappa[:, None], 1e-12)
-        mu = np.maximum(op_cores / m, 1e-12) / kappa
         lam = self.arrival_rate[:, None]
-        wait = _ac_wait_array(lam, mu, m, (self.arrival_scv + self.service_scv) / 2)
+        wait = wait_arrays(self.model, lam, mu, m, self.arrival_scv, self.service_scv)[0]
         sojourn = np.where(lam > 0, wait + 1 / mu, np.where(self.kappa[:, None] > 0, 1 / mu, 0.0))
         path = np.zeros_like(sojourn)
         for j, ps in enumerate(self.parents):
             before = np.max(path[list(ps)], axis=0) if ps else 0.0
             path[j] = before + sojourn[j]
         return path.max(axis=0) if len(path) else np.zeros(extra.shape[1])
+
+    def violation(self, extra_cores: np.ndarray, target_seconds: float) -> np.ndarray:
+        """Predicted violation ratio for each app-level grant: with ``budgets``, the
+        largest over operators of P(waiting + service > budget) by the model's tail
+        (see :func:`controller.stages.demand.estimate_violation`); else
+        :func:`violation_ratio` of the mean critical-path latency."""
+        if self.budgets is None:
+            return violation_ratio(self.latency_seconds(extra_cores), target_seconds)
+        extra, mu = self._service_rates(extra_cores)
+        has = np.isfinite(self.budgets) & (self.kappa > 0)
+        if not has.any():
+            return np.zeros(extra.shape[1])
+        tail = sojourn_exceedance_many(
+            self.model,
+            self.budgets[has, None],
+            self.arrival_rate[has, None],
+            mu[has],
+            self.instances[has, None],
+            self.arrival_scv,
+            self.service_scv,
+        )
+        return tail.max(axis=0)
 
 
 def violation_ratio(latency_seconds: np.ndarray, target_seconds: float) -> np.ndarray:
@@ -181,7 +214,7 @@ def latency_values(
     """
     n = demand_units(demand_cores, unit_cores)
     cores = np.minimum(np.arange(n + 1) * unit_cores, demand_cores)
-    v = violation_ratio(model.latency_seconds(cores), qos.target_seconds)
+    v = model.violation(cores, qos.target_seconds)
     excess = np.clip((v - qos.max_violation_ratio) / (1 - qos.max_violation_ratio), 0.0, 1.0)
     vals = qos.weight * demand_cores * (1.0 - excess)
     # More CPU never makes latency worse; keep the array monotone against float noise.

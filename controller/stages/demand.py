@@ -6,15 +6,19 @@ Online Scheme for Scheduling and Resource Enforcement in Storm", demand per
 instance); wrappers raise it for a latency target, a backlog to drain, a floor.
 
 Latency-targeted demand ("QoS-aware CPU cap adjustment for timely data-flow",
-Allen–Cunneen G/G/M latency):
+G/G/M latency):
 
 An application's latency target is split over its operators in proportion to
 their CPU cost per tuple along the heaviest (critical) path through each
 operator: ``budget_j = target * kappa_j / sum of kappa on the heaviest
 source-to-sink path through j``. On the critical path itself the budgets add up
 to the target exactly. :class:`WithLatencyTarget` then raises each instance's
-demand to the smallest cap whose Allen–Cunneen waiting time plus service time
-meets the operator's budget (service rate per instance ``mu = cap / kappa``).
+demand to the smallest cap (service rate per instance ``mu = cap / kappa``) whose
+waiting + service time meets the operator's budget under the configured queueing
+model (``latency_model``, :data:`predict.queueing.WAIT_MODELS`): its ``1 -
+max_violation_ratio`` quantile (the ``quantile`` criterion) or its mean (``mean``,
+the seed paper's, with Allen–Cunneen there). Arrivals are the rate demand is sized
+for, the class's forecast quantile (:func:`controller.stages.forecast.size_forecasts`).
 The wrapped estimator's demand (the rate demand psi * kappa / T) stays the floor,
 and the usual composition adds the backlog drain and the minimum cap around it:
 
@@ -35,7 +39,12 @@ from controller.stages.evaluate import OperatorView
 from controller.stages.forecast import OperatorForecast
 from dsched.dag import topological_order
 from dsched.ids import InstanceKey, OperatorKey
-from predict.queueing import _ac_wait_array, min_service_rate_for_sojourn_many
+from predict.queueing import (
+    min_service_rate_for_sojourn_many,
+    min_service_rate_for_sojourn_quantile_many,
+    sojourn_exceedance_many,
+    wait_arrays,
+)
 
 
 class InstanceDemand(NamedTuple):
@@ -63,7 +72,7 @@ class RateDemand:
     def estimate(
         self, view: OperatorView, fc: OperatorForecast
     ) -> dict[InstanceKey, InstanceDemand]:
-        per = fc.rate * fc.kappa / max(1, len(view.instances))
+        per = fc.demand_rate * fc.kappa / max(1, len(view.instances))
         return {k: InstanceDemand(k, view.nodes[k], per, "rate") for k in view.instances}
 
 
@@ -131,7 +140,7 @@ def instance_demands(
     if not ops:
         return {}
     counts = np.fromiter((len(v.instances) for v in ops), int, len(ops))
-    rate = np.fromiter((forecasts[v.key].rate for v in ops), float, len(ops))
+    rate = np.fromiter((forecasts[v.key].demand_rate for v in ops), float, len(ops))
     kappa = np.fromiter((forecasts[v.key].kappa for v in ops), float, len(ops))
     keys = [k for v in ops for k in v.instances]
     nodes = [n for v in ops for n in map(v.nodes.__getitem__, v.instances)]
@@ -214,29 +223,59 @@ def latency_budgets(
     return out
 
 
+#: Relative accuracy of the service rates solved for sojourn quantiles: caps are
+#: quantized to theta_cores anyway, and the rate returned is the feasible end of the
+#: search, so a coarse tolerance only overstates a need, by at most this share.
+QUANTILE_RATE_RTOL = 1e-4
+
+
 def latency_needs(
     views: Mapping[OperatorKey, OperatorView],
     forecasts: Mapping[OperatorKey, OperatorForecast],
     budgets: Mapping[OperatorKey, float],
     arrival_scv: float = 1.0,
     service_scv: float = 1.0,
+    *,
+    model: str = "allen-cunneen",
+    quantiles: Mapping[str, float] | None = None,
 ) -> dict[OperatorKey, float]:
     """Per operator, the smallest per-instance cap meeting its latency budget,
-    solved for all operators at once (vectorized bisection)."""
+    solved for all operators at once (vectorized bisection).
+
+    With ``quantiles`` (app -> the sojourn quantile its class needs, 1 -
+    max_violation_ratio) the budget bounds that quantile of waiting + service time
+    under ``model`` (``min_service_rate_for_sojourn_quantile_many``); without, it
+    bounds the mean (the seed paper's criterion). Arrivals are the rate demand is
+    sized for (:attr:`OperatorForecast.demand_rate`)."""
     keys = [
         k
         for k in views
-        if k in budgets and forecasts[k].kappa > 0 and forecasts[k].rate > 0 and views[k].instances
+        if k in budgets
+        and forecasts[k].kappa > 0
+        and forecasts[k].demand_rate > 0
+        and views[k].instances
+        and (quantiles is None or k.app in quantiles)
     ]
     if not keys:
         return {}
-    mu = min_service_rate_for_sojourn_many(
-        np.array([budgets[k] for k in keys]),
-        np.array([forecasts[k].rate for k in keys]),
-        np.array([len(views[k].instances) for k in keys], dtype=float),
-        arrival_scv,
-        service_scv,
-    )
+    target = np.array([budgets[k] for k in keys])
+    lam = np.array([forecasts[k].demand_rate for k in keys])
+    servers = np.array([len(views[k].instances) for k in keys], dtype=float)
+    if quantiles is None:
+        mu = min_service_rate_for_sojourn_many(
+            target, lam, servers, arrival_scv, service_scv, model=model
+        )
+    else:
+        mu = min_service_rate_for_sojourn_quantile_many(
+            np.array([quantiles[k.app] for k in keys]),
+            target,
+            lam,
+            servers,
+            arrival_scv,
+            service_scv,
+            model=model,
+            rtol=QUANTILE_RATE_RTOL,
+        )
     kappa = np.array([forecasts[k].kappa for k in keys])
     return dict(zip(keys, (mu * kappa).tolist(), strict=True))
 
@@ -290,12 +329,16 @@ def _latency_model(
     floor_cores: np.ndarray,
     arrival_scv: float,
     service_scv: float,
+    model: str = "allen-cunneen",
+    budgets: Mapping[OperatorKey, float] | None = None,
+    sized: bool = False,
 ):
     from controller.stages.allocation import AppLatencyModel
 
     index = {k.operator: i for i, k in enumerate(ordered)}
+    rate = (lambda k: forecasts[k].demand_rate) if sized else (lambda k: forecasts[k].rate)
     return AppLatencyModel(
-        arrival_rate=np.array([forecasts[k].rate for k in ordered]),
+        arrival_rate=np.array([rate(k) for k in ordered]),
         instances=np.array([len(views[k].instances) for k in ordered], dtype=float),
         kappa=np.array([forecasts[k].kappa for k in ordered]),
         share=share,
@@ -303,6 +346,10 @@ def _latency_model(
         floor_cores=floor_cores,
         arrival_scv=arrival_scv,
         service_scv=service_scv,
+        model=model,
+        budgets=None
+        if budgets is None
+        else np.array([budgets.get(k, np.inf) for k in ordered], dtype=float),
     )
 
 
@@ -313,9 +360,15 @@ def app_latency_models(
     floor_cores: float,
     arrival_scv: float = 1.0,
     service_scv: float = 1.0,
+    *,
+    model: str = "allen-cunneen",
+    budgets: Mapping[OperatorKey, float] | None = None,
 ):
     """Per application, the model that predicts its latency from the CPU it gets
-    beyond the floors (shared between operators in proportion to their demand)."""
+    beyond the floors (shared between operators in proportion to their demand), at
+    the arrivals demand was sized for. With ``budgets`` its violation estimate is
+    the queueing model's tail at each operator's budget (the quantile criterion),
+    else an exponential tail of the mean."""
     models = {}
     for app, ordered in _operators_by_app(views).items():
         extra = np.array(
@@ -330,30 +383,46 @@ def app_latency_models(
         total = extra.sum()
         share = extra / total if total > 0 else np.full(len(ordered), 1.0 / len(ordered))
         models[app] = _latency_model(
-            views, forecasts, ordered, share, floors, arrival_scv, service_scv
+            views,
+            forecasts,
+            ordered,
+            share,
+            floors,
+            arrival_scv,
+            service_scv,
+            model,
+            budgets,
+            sized=True,
         )
     return models
 
 
-def estimate_latency_seconds(
+@dataclass
+class _ServiceColumns:
+    """Per operator, apps in order and operators in topological order within each:
+    arrivals (point forecast), instances, CPU per tuple and the service rate of one
+    instance under the caps."""
+
+    apps: list[str]
+    ops: list[OperatorKey]
+    sizes: list[int]
+    starts: np.ndarray
+    lam: np.ndarray
+    m: np.ndarray
+    kappa_raw: np.ndarray
+    mu: np.ndarray
+    ordered_by_app: dict[str, list[OperatorKey]]
+
+
+def _service_columns(
     views: Mapping[OperatorKey, OperatorView],
     forecasts: Mapping[OperatorKey, OperatorForecast],
     caps: Mapping[InstanceKey, float],
-    arrival_scv: float = 1.0,
-    service_scv: float = 1.0,
-    max_instance_cores: float = MAX_INSTANCE_CORES,
-) -> dict[str, float]:
-    """Allen–Cunneen critical-path latency of each application under ``caps``
-    (inf when an operator's caps cannot keep up with its predicted arrivals).
-
-    Every application's :meth:`AppLatencyModel.latency_seconds` at no extra CPU
-    (every core is a floor), computed for all operators of all applications at
-    once: the per-operator arithmetic is element-wise, and the critical path is
-    taken one topological position at a time across applications, so each
-    value is the one the per-application model gives."""
+    max_instance_cores: float,
+) -> _ServiceColumns | None:
     ordered_by_app = _operators_by_app(views)
     if not ordered_by_app:
-        return {}
+        return None
     # Each operator's floors: the sum over its instances, in instance order.
     view_ops = list(views)
     counts = [len(views[k].instances) for k in view_ops]
@@ -378,8 +447,35 @@ def estimate_latency_seconds(
     op_cores = floor + 0.0 * 0.0
     kappa = np.maximum(kappa_raw, 1e-12)
     mu = np.maximum(op_cores / m, 1e-12) / kappa
-    wait = _ac_wait_array(lam, mu, m, (arrival_scv + service_scv) / 2)
+    return _ServiceColumns(apps, ops, sizes, starts, lam, m, kappa_raw, mu, ordered_by_app)
+
+
+def estimate_latency_seconds(
+    views: Mapping[OperatorKey, OperatorView],
+    forecasts: Mapping[OperatorKey, OperatorForecast],
+    caps: Mapping[InstanceKey, float],
+    arrival_scv: float = 1.0,
+    service_scv: float = 1.0,
+    max_instance_cores: float = MAX_INSTANCE_CORES,
+    model: str = "allen-cunneen",
+) -> dict[str, float]:
+    """Mean critical-path latency of each application under ``caps`` by the
+    queueing ``model`` at the point forecasts (inf when an operator's caps cannot
+    keep up with its predicted arrivals).
+
+    Every application's :meth:`AppLatencyModel.latency_seconds` at no extra CPU
+    (every core is a floor), computed for all operators of all applications at
+    once: the per-operator arithmetic is element-wise, and the critical path is
+    taken one topological position at a time across applications, so each
+    value is the one the per-application model gives."""
+    cols = _service_columns(views, forecasts, caps, max_instance_cores)
+    if cols is None:
+        return {}
+    apps, ops, sizes, starts = cols.apps, cols.ops, cols.sizes, cols.starts
+    lam, m, kappa_raw, mu = cols.lam, cols.m, cols.kappa_raw, cols.mu
+    wait = wait_arrays(model, lam, mu, m, arrival_scv, service_scv)[0]
     sojourn = np.where(lam > 0, wait + 1 / mu, np.where(kappa_raw > 0, 1 / mu, 0.0))
+    ordered_by_app = cols.ordered_by_app
     # Parents as flat indices, and each operator's position in its app's order.
     position = np.concatenate([np.arange(n) for n in sizes])
     child, parent = [], []
@@ -402,3 +498,44 @@ def estimate_latency_seconds(
         path[at] = np.where(has_parent[at], before[at], 0.0) + sojourn[at]
     worst = np.maximum.reduceat(path, starts).tolist()
     return dict(zip(apps, worst, strict=True))
+
+
+def estimate_violation(
+    views: Mapping[OperatorKey, OperatorView],
+    forecasts: Mapping[OperatorKey, OperatorForecast],
+    caps: Mapping[InstanceKey, float],
+    budgets: Mapping[OperatorKey, float],
+    arrival_scv: float = 1.0,
+    service_scv: float = 1.0,
+    max_instance_cores: float = MAX_INSTANCE_CORES,
+    model: str = "allen-cunneen",
+) -> dict[str, float]:
+    """Each application's predicted violation ratio under ``caps``: the largest,
+    over its operators, probability that an operator's waiting + service time
+    exceeds its share of the target (``budgets``), from the queueing ``model``'s
+    sojourn tail at the point forecasts (1 where a queue is unstable, 0 for an
+    operator without cost or budget).
+
+    The counterpart of the demand's quantile criterion (an operator meets it when
+    this probability is at most max_violation_ratio), and exact for a
+    one-operator application. For a path it is the path's violation when the
+    operators' sojourn times move together (a burst slows the whole pipeline), and
+    at most the sum over the path when they are independent."""
+    cols = _service_columns(views, forecasts, caps, max_instance_cores)
+    if cols is None:
+        return {}
+    budget = np.array([budgets.get(k, np.inf) for k in cols.ops], dtype=float)
+    has = np.isfinite(budget) & (cols.kappa_raw > 0)
+    out = np.zeros(len(cols.ops))
+    if has.any():
+        out[has] = sojourn_exceedance_many(
+            model,
+            budget[has],
+            cols.lam[has],
+            cols.mu[has],
+            cols.m[has],
+            arrival_scv,
+            service_scv,
+        )
+    worst = np.maximum.reduceat(out, cols.starts).tolist()
+    return dict(zip(cols.apps, worst, strict=True))

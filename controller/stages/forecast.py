@@ -19,13 +19,16 @@ and :class:`controller.memory.ControllerMemory` takes it in one place. The one
 exception is a cache: each source's :class:`predict.load.Arima` keeps its
 fitted parameters between epochs so an epoch advances its filter instead of
 refitting; the cache changes how fast a forecast is made, not its value.
+
+:func:`size_forecasts` adds the rate demand is sized for: a QoS class's quantile
+of next slot's arrivals, from the memory's conformal bank of one-step errors.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -33,6 +36,7 @@ from controller.stages.evaluate import OperatorView
 from dsched.ids import OperatorKey
 from dsched.registry import Registry
 from predict.cost import cpu_per_tuple, cpu_per_tuple_many
+from predict.intervals import ConformalBank
 from predict.load import Arima, LinearTrend, combine, linear_trend_many, propagate
 
 #: Predictor names for the ``predictors`` config key; ``dag`` applies to
@@ -52,6 +56,15 @@ class OperatorForecast:
     # The view's selectivity (emitted / executed), computed with the forecast so
     # the decision record need not compute it again.
     selectivity: float | None = None
+    # The rate demand is sized for: the class's forecast quantile of next slot's
+    # arrivals (:func:`size_forecasts`); None: the point forecast ``rate``.
+    sized_rate: float | None = None
+    quantile: float = 0.5  # the forecast quantile ``sized_rate`` stands for
+
+    @property
+    def demand_rate(self) -> float:
+        """The arrivals demand is sized for (tuples/s)."""
+        return self.rate if self.sized_rate is None else self.sized_rate
 
 
 class SourceHistory:
@@ -215,6 +228,29 @@ def forecast(
                 cols.selectivity[v.key],
             )
     return result
+
+
+def size_forecasts(
+    forecasts: Mapping[OperatorKey, OperatorForecast],
+    quantiles: Mapping[OperatorKey, float],
+    bank: ConformalBank | None,
+) -> dict[OperatorKey, OperatorForecast]:
+    """Each forecast with the rate its demand is sized for: the ``quantiles[key]``
+    quantile of next slot's arrivals, the point forecast plus the conformal offset
+    of the operator's own recent one-step errors (``bank``, read only; see
+    docs/prediction.md, "Forecast intervals"). A quantile of 0.5, a missing one, no
+    bank or an operator without errors yet: the point forecast. One bank call for
+    every operator sized above its point forecast."""
+    out = dict(forecasts)
+    keys = [k for k in forecasts if quantiles.get(k, 0.5) > 0.5]
+    if not keys:
+        return out
+    q = np.fromiter((quantiles[k] for k in keys), float, len(keys))
+    points = np.fromiter((forecasts[k].rate for k in keys), float, len(keys))
+    sized = bank.upper(keys, points, q) if bank is not None and len(bank) else points
+    for k, quantile, rate in zip(keys, q.tolist(), sized.tolist(), strict=True):
+        out[k] = replace(forecasts[k], sized_rate=rate, quantile=quantile)
+    return out
 
 
 def operator_cost(

@@ -281,6 +281,10 @@ def simulation_controller_config(sim: ClusterSim, state_dir: Path, allocator: st
         "placement": "none",
         "predictors": ["linear_trend", "dag"],
         "forget_after_slots": 6,
+        # The seed's latency model and criterion (mean Allen–Cunneen latency within
+        # the target), so simulated runs stay comparable with earlier results.
+        "latency_model": "allen-cunneen",
+        "latency_criterion": "mean",
     }
     if "qos" in names and sc.qos:
         from controller.qos import QosClass, QosConfig

@@ -76,12 +76,48 @@ def test_enforce_demo_caps_real_threads_and_loses_nothing(tmp_path, root_name):
     assert "affected_workers" in s and "history_lag_seconds_median" in s
 
 
-def test_dry_run_demo_touches_no_cgroup(tmp_path, root_name):
+def test_dry_run_demo_touches_no_cgroup_and_its_shadow_report_matches_its_log(tmp_path, root_name):
     doc = _demo(tmp_path, "dry-run", root_name)
     s = doc["summary"]
     assert doc["mode"] == "dry-run" and s["lost"] == 0 and s["caps_applied"] == 0
     assert s["cgroups_created"] == 0
     assert not (CGROUP_V1_CPU / root_name).exists()
+
+    # What enforce mode would have done, from the demo's own decision log: a
+    # controller reopened on the demo's state answers dschedctl report.
+    from controller.config import ControllerConfig
+    from dsched.config import load_config
+    from tests.controller_server_support import start, stop
+    from tests.test_shadow_report import recompute
+
+    cfg = load_config(ControllerConfig, tmp_path / "work" / "controller.toml")
+    controller, server = start(cfg, loop=False)
+    try:
+        records = controller.store.decisions(10_000)
+        assert any(r.get("apps") for r in records)
+        assert all(r["mode"] == "dry-run" for r in records)
+        out = subprocess.run(
+            [str(Path(DSCHED).parent / "dschedctl"), "--address", server.admin_address,
+             "--json", "report", "--since", "1h"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+    finally:
+        stop(controller, server)
+    want = recompute(records)
+    apps = {a["app"]: a for a in got["apps"]}
+    assert set(apps) == set(want)
+    for app, w in want.items():
+        assert apps[app]["epochs"] == w["epochs"]
+        assert apps[app]["freed_core_seconds"] == pytest.approx(w["freed"])
+        assert apps[app]["estimated_epochs"] == w["estimated"]
+        assert apps[app]["missed_epochs"] == w["missed"]
+        assert apps[app]["cap_changes"] == w["changes"]
+        assert apps[app]["held_instance_epochs"] == w["held"]
+    assert got["total"]["cap_changes"] == sum(w["changes"] for w in want.values())
+    # The demo's WordCount was measured: the report has figures for it, not only doubts.
+    assert any(w["epochs"] > 0 for w in want.values())
 
 
 def test_two_node_demo_moves_only_stateless_instances_and_loses_nothing(tmp_path, root_name):

@@ -99,6 +99,12 @@ def _run(config: HistoryConfig) -> int:
             history.stop()
             return STOPPED
         if history.status().state != "starting" or time.monotonic() > deadline:
+            # A stop sent to the whole process group (systemd, `timeout`) can end
+            # Spark's JVM a moment before this process sees its own signal: an end
+            # that a stop follows within a second is that stop, not a failure.
+            if stop.wait(1.0):
+                history.stop()
+                return STOPPED
             print(f"dsched-history: failed to start: {history.status().error}", file=sys.stderr)
             history.stop()
             return 1
@@ -106,6 +112,8 @@ def _run(config: HistoryConfig) -> int:
     while not stop.wait(10.0):
         status = history.status()
         if status.state == "failed":
+            if stop.wait(1.0):  # the JVM saw the group's stop first
+                break
             print(f"dsched-history: job failed: {status.error}", file=sys.stderr)
             history.stop()
             return 1

@@ -75,7 +75,8 @@ def _run(config: AgentConfig, stop: threading.Event, cleanup: ExitStack) -> int:
     """The agent until ``stop``; ``cleanup`` undoes each step in reverse, however
     far the start got: the registration socket is removed, cgroups left without
     threads and an empty root are removed, caps on running instances stay."""
-    agent = NodeAgent(config)
+    # Nothing on the node changes until the controller says it enforces.
+    agent = NodeAgent(config, await_controller=True)
     cleanup.callback(agent.close)
     cleanup.callback(agent.enforcer.remove_empty)
     port = agent.metrics.serve(config.metrics)

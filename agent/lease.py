@@ -3,7 +3,9 @@
 Every message from the controller renews the lease. When neither a Welcome nor
 a directive has arrived for ``slots`` slots, the fallback policy applies once
 and is logged once: ``hold`` keeps every cap (the last plan stays the best
-guess), ``release`` removes them. The next message ends the fallback.
+guess), ``release`` removes them. The next message ends the fallback. While the
+controller is in dry-run (the enforcer inactive) there is no fallback: nothing
+is enforced on its behalf and nothing may change.
 docs/agent.md, "Link and fallback policy".
 """
 
@@ -49,6 +51,8 @@ class Lease:
         if policy not in FALLBACK_POLICIES:
             raise ValueError(f"fallback must be one of {', '.join(FALLBACK_POLICIES)}: {policy!r}")
         now = time.monotonic() if now is None else now
+        if not enforcer.active:
+            return False
         with self._lock:
             silence = now - self.last_contact
             if self.fallback_applied or silence < self.seconds:

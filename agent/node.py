@@ -14,7 +14,11 @@ it hands each call to the unit whose job it is:
   :class:`~agent.reporter.Reporter`;
 - ``handle_directive()``: :func:`agent.directives.handle_directive` over the
   :class:`~agent.enforcer.CapEnforcer`, the only unit that writes cgroups;
-- ``on_contact() / check_lease()``: the :class:`~agent.lease.Lease`.
+- ``on_contact() / check_lease()``: the :class:`~agent.lease.Lease`, and the
+  controller's mode: a Welcome in dry-run makes the enforcer inactive (nothing
+  on the node changes), a Welcome in enforce mode or any CapDirective
+  activates it. Built with ``await_controller`` (the daemon), the agent changes
+  nothing until then; built without (benchmarks, tests), it enforces at once.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class NodeAgent:
         config: AgentConfig,
         metrics: AgentMetrics | None = None,
         backend: CgroupTree | None = None,
+        *,
+        await_controller: bool = False,
     ):
         self.config = config
         self.metrics = metrics or AgentMetrics()
@@ -59,6 +65,7 @@ class NodeAgent:
                 config.cgroup_root,
                 config.cpu_period_us,
                 config.dry_run,
+                config.proc_root,
             )
             log.info("enforcement: %s", why)
         # Every record keeps its process's start time, read under proc_root.
@@ -67,7 +74,7 @@ class NodeAgent:
             self.registry,
             config.proc_root,
             config.resctrl_mount,
-            resctrl_writable=not config.dry_run,
+            resctrl_writable=not config.dry_run and not await_controller,
             capacity_limit=config.capacity_cores,
         )
         self.enforcer = CapEnforcer(
@@ -77,9 +84,11 @@ class NodeAgent:
             self.sampler.capacity_cores,
             config.dry_run,
             config.proc_root,
+            # Until the controller says it enforces, nothing on the node changes.
+            active=not await_controller,
+            root_limit_cores=self.sampler.capacity_cores if config.capacity_cores > 0 else None,
         )
-        if config.capacity_cores > 0:
-            self.enforcer.limit_root()
+        self.enforcer.limit_root()
         self.reporter = Reporter(config, self.registry, self.sampler, self.enforcer)
         self.lease = Lease(config.lease_epochs, config.slot_seconds, self.metrics)
         self.epochs = directives.DirectiveEpochs()
@@ -280,12 +289,33 @@ class NodeAgent:
 
     def handle_directive(self, directive: pb.CapDirective) -> pb.Ack:
         self.on_contact()
+        # Only an enforcing controller sends directives.
+        self.set_enforcing(True)
         return directives.handle_directive(self.enforcer, directive, self.epochs)
 
     def on_contact(self, welcome: pb.Welcome | None = None) -> None:
         self.lease.renew()
         if welcome is not None:
             self.epochs.follow(welcome.epoch)
+            # A controller that does not say its mode leaves the agent as it is.
+            if welcome.mode == pb.ENFORCE:
+                self.set_enforcing(True)
+            elif welcome.mode == pb.DRY_RUN:
+                self.set_enforcing(False)
+
+    def set_enforcing(self, enforcing: bool) -> None:
+        """Follow the controller's mode: change the node (cgroups, resctrl groups) only
+        while it enforces."""
+        with self.instances_lock:
+            self.sampler.resctrl.writable = enforcing and not self.config.dry_run
+            if enforcing:
+                self.enforcer.activate()
+            else:
+                self.enforcer.deactivate()
+
+    @property
+    def enforcing(self) -> bool:
+        return self.enforcer.active
 
     def check_lease(self, now: float | None = None) -> bool:
         """Apply the fallback once when the controller has been silent too long; True if applied now."""

@@ -45,9 +45,10 @@ class Reporter:
         return names
 
     def hello(self) -> pb.Hello:
+        # The same caps a report claims: none in dry-run, where nothing is enforced.
         current = [
             pb.InstanceCap(key=pb_key(key), cap_cores=cap)
-            for key, cap in self.enforcer.current_caps()
+            for key, cap in self.enforcer.enforced_caps()
         ]
         return pb.Hello(
             node_id=self.config.node_id,
@@ -96,8 +97,8 @@ class Reporter:
                 engine=rec.engine,
             )
             cap, throttling = self.enforcer.enforced(rec.key)
-            # A dry run enforces nothing, so it claims no cap.
-            if cap is not None and not self.config.dry_run:
+            # A dry run enforces nothing, so it claims no cap (nor does its Hello).
+            if cap is not None and self.enforcer.claims():
                 sample.cap_cores = cap
             if throttling is not None:
                 sample.periods_total = throttling.periods_total

@@ -169,7 +169,7 @@ class Controller:
                 " (dry-run)" if info.dry_run else "",
             )
             self._update_agent_gauge()
-            welcome = pb.Welcome(epoch=self.epoch, slot_seconds=self.config.slot_seconds)
+            welcome = self._welcome()
         with self._trigger:
             self._connected.add(info.node_id)
             if self._reported_in.get(info.node_id) != self._missing_for:
@@ -236,7 +236,16 @@ class Controller:
             self.metrics.dry_run.set(1 if mode == "dry-run" else 0)
         if previous != mode:
             log.info("mode %s -> %s", previous, mode)
+            # Agents write nothing while the controller is in dry-run: a Welcome
+            # in the middle of the stream tells each connected one at once.
+            msg = pb.ControllerMessage(welcome=self._welcome())
+            self.sessions.send_many({n: msg for n in self.sessions.nodes()})
         return previous
+
+    def _welcome(self) -> pb.Welcome:
+        return pb.Welcome(
+            epoch=self.epoch, slot_seconds=self.config.slot_seconds, mode=MODE_TO_PB[self.mode]
+        )
 
     def set_qos(self, app: str, qos_class: str) -> bool:
         """Assign a class; True when the app is known. ValueError for a bad class/name."""

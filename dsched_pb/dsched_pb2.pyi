@@ -66,12 +66,14 @@ class Hello(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., cpu_capacity_cores: _Optional[float] = ..., cgroup_mode: _Optional[_Union[CgroupMode, str]] = ..., counters_available: _Optional[_Iterable[str]] = ..., agent_version: _Optional[str] = ..., dry_run: _Optional[bool] = ..., current_caps: _Optional[_Iterable[_Union[InstanceCap, _Mapping]]] = ..., slot_seconds: _Optional[float] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("epoch", "slot_seconds")
+    __slots__ = ("epoch", "slot_seconds", "mode")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SLOT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     slot_seconds: float
-    def __init__(self, epoch: _Optional[int] = ..., slot_seconds: _Optional[float] = ...) -> None: ...
+    mode: Mode
+    def __init__(self, epoch: _Optional[int] = ..., slot_seconds: _Optional[float] = ..., mode: _Optional[_Union[Mode, str]] = ...) -> None: ...
 
 class InstanceKey(_message.Message):
     __slots__ = ("app", "operator", "instance")
@@ -212,14 +214,16 @@ class InstanceCap(_message.Message):
     def __init__(self, key: _Optional[_Union[InstanceKey, _Mapping]] = ..., cap_cores: _Optional[float] = ...) -> None: ...
 
 class CapDirective(_message.Message):
-    __slots__ = ("epoch", "caps", "reason")
+    __slots__ = ("epoch", "caps", "reason", "release")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     CAPS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     caps: _containers.RepeatedCompositeFieldContainer[InstanceCap]
     reason: str
-    def __init__(self, epoch: _Optional[int] = ..., caps: _Optional[_Iterable[_Union[InstanceCap, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+    release: _containers.RepeatedCompositeFieldContainer[InstanceKey]
+    def __init__(self, epoch: _Optional[int] = ..., caps: _Optional[_Iterable[_Union[InstanceCap, _Mapping]]] = ..., reason: _Optional[str] = ..., release: _Optional[_Iterable[_Union[InstanceKey, _Mapping]]] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("key", "reason")

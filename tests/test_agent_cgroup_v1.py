@@ -152,12 +152,15 @@ def test_write_errors_raise_esrch_as_thread_gone_others_as_cgroup_error(v1_agent
     with pytest.raises(CgroupError) as info:
         agent.backend.attach(path, os.getpid(), 2**22 + 7)  # no such thread: ESRCH
     assert isinstance(info.value, ThreadGone)
-    # A child quota above its parent's breaks the hierarchy: the kernel answers EINVAL.
+    # The kernel refuses a quota above a parent's (EINVAL): the cap written stays below it.
     (path.parent / "cpu.cfs_quota_us").write_text("10000")
+    agent.backend.set_cap(path, 0.5)
+    assert int((path / "cpu.cfs_quota_us").read_text()) == 10_000
+    # A cgroup removed under the agent's feet: an error, not a vanished thread.
+    agent.backend.remove(path)
     with pytest.raises(CgroupError) as info:
         agent.backend.set_cap(path, 0.5)
     assert not isinstance(info.value, ThreadGone)
-    agent.backend.remove(path)
 
 
 def test_dry_run_creates_and_writes_nothing(cgroup_v1_cpu):

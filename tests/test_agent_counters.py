@@ -37,37 +37,132 @@ def _fake_v2_layout(tmp: Path) -> Path:
     return mount
 
 
-def test_v2_backend_builds_threaded_subtree_fake_v2_layout(tmp_path):
-    mount = _fake_v2_layout(tmp_path)
+def _fake_v2_unit(tmp: Path) -> tuple[Path, Path, Path]:
+    """A v2 tree as systemd lays it out (fake: no v2 cpu controller here): process 4242
+    (threads 4242, 4243) in ``system.slice/flink.service`` with its own 0.5-core limit,
+    and a /proc that says so. Returns (mount, unit cgroup, proc root)."""
+    mount = _fake_v2_layout(tmp)
+    (mount / "cgroup.subtree_control").write_text("cpu memory\n")
+    unit = mount / "system.slice" / "flink.service"
+    for level, enabled in ((mount / "system.slice", "cpu memory"), (unit, "")):
+        level.mkdir()
+        (level / "cgroup.controllers").write_text("cpu memory\n")
+        (level / "cgroup.subtree_control").write_text(f"{enabled}\n" if enabled else "")
+        (level / "cgroup.type").write_text("domain\n")
+    (unit / "cgroup.procs").write_text("4242\n")
+    (unit / "cgroup.threads").write_text("4242\n4243\n")
+    (unit / "cpu.max").write_text("50000 100000\n")
+    proc = tmp / "proc"
+    for tid in (4242, 4243):
+        (proc / "4242" / "task" / str(tid)).mkdir(parents=True)
+        (proc / "4242" / "task" / str(tid) / "cgroup").write_text(
+            "0::/system.slice/flink.service\n"
+        )
+    return mount, unit, proc
+
+
+def _files(top: Path, skip: str = "dsched") -> dict[str, str]:
+    return {
+        str(f.relative_to(top)): f.read_text()
+        for f in sorted(top.rglob("*"))
+        if f.is_file() and skip not in f.relative_to(top).parts
+    }
+
+
+def test_v2_groups_nest_in_the_process_cgroup_which_keeps_the_process_fake_v2_layout(tmp_path):
+    mount, unit, proc = _fake_v2_unit(tmp_path)
     assert detect_mode(str(mount))[0] == "v2"
-    backend, _ = make_backend("auto", str(mount), "dsched", 100_000, dry_run=False)
+    backend, _ = make_backend("auto", str(mount), "dsched", 100_000, False, proc_root=str(proc))
     assert isinstance(backend, CgroupV2)
+    before = _files(mount)
     key = InstanceKey("wc", "count", 2)
-    path = backend.create(key, "w1", pid=4242)
-    assert path == (mount / "dsched" / "wc" / "w1" / "count-2").resolve()
-    for level in (mount, mount / "dsched", mount / "dsched" / "wc", mount / "dsched" / "wc" / "w1"):
+    anchor = backend.anchor_of(4242, 4243)
+    assert anchor == unit.resolve()
+    path = backend.create(key, "w1", pid=4242, anchor=anchor)
+    assert path == (unit / "dsched" / "wc" / "w1" / "count-2").resolve()
+    # A threaded subtree below the unit: the unit becomes its threaded domain.
+    for level in (unit, unit / "dsched", unit / "dsched" / "wc", unit / "dsched" / "wc" / "w1"):
         assert "+cpu" in (level / "cgroup.subtree_control").read_text()
-    assert (path.parent / "cgroup.procs").read_text().split() == ["4242"]
-    assert (path / "cgroup.type").read_text().strip() == "threaded"
+    for level in (unit / "dsched", unit / "dsched" / "wc", unit / "dsched" / "wc" / "w1", path):
+        assert (level / "cgroup.type").read_text().strip() == "threaded"
+        assert not (level / "cgroup.procs").exists()
     backend.attach(path, 4242, 4243)
     assert backend.tids(path) == [4243]
     backend.set_cap(path, 0.35)
     assert (path / "cpu.max").read_text().split() == ["35000", "100000"]
     assert backend.read_cap(path) == pytest.approx(0.35)
-    backend.set_cap(path, None)
-    assert (path / "cpu.max").read_text().split() == ["max", "100000"]
-    (path / "cpu.stat").write_text(
+    # A thread inside a dsched group anchors where that group is anchored.
+    (proc / "4242" / "task" / "4243" / "cgroup").write_text(
+        "0::/system.slice/flink.service/dsched/wc/w1/count-2\n"
+    )
+    assert backend.anchor_of(4242, 4243) == unit.resolve()
+    adopted = backend.adopt()
+    assert [(a.key, a.worker, a.cap_cores, a.tids) for a in adopted] == [(key, "w1", 0.35, (4243,))]
+    # Released: the thread goes back to the unit's cgroup, never to another one.
+    backend.detach(path, 4243)
+    assert (unit / "cgroup.threads").read_text() == "4243\n"
+    # Outside dsched's groups only the unit's +cpu and its thread list changed: the
+    # process is still in the unit, every limit above it is as it was.
+    after = _files(mount)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert changed == {
+        "system.slice/flink.service/cgroup.subtree_control",
+        "system.slice/flink.service/cgroup.threads",
+    }
+    assert after["system.slice/flink.service/cgroup.procs"] == "4242\n"
+    (th_path := path / "cpu.stat").write_text(
         "usage_usec 900\nuser_usec 800\nsystem_usec 100\nnr_periods 40\nnr_throttled 7\nthrottled_usec 250000\n"
     )
-    th = backend.throttling(path)
+    th = backend.throttling(th_path.parent)
     assert (th.periods_total, th.throttled_periods_total, th.throttled_seconds_total) == (
         40,
         7,
         0.25,
     )
-    backend.set_cap(path, 0.5)
-    adopted = backend.adopt()
-    assert [(a.key, a.worker, a.cap_cores, a.tids) for a in adopted] == [(key, "w1", 0.5, (4243,))]
+
+
+def test_v2_enforcer_caps_and_releases_inside_the_unit_fake_v2_layout(tmp_path):
+    from agent.directives import DirectiveEpochs, handle_directive
+    from agent.enforcer import CapEnforcer
+    from agent.metrics import AgentMetrics
+    from agent.registry import Registry
+    from dsched_pb import dsched_pb2 as pb
+
+    mount, unit, proc = _fake_v2_unit(tmp_path)
+    backend = CgroupV2(mount, "dsched", proc_root=str(proc))
+    registry = Registry()
+    key = InstanceKey("wc", "count", 2)
+    registry.register(key, "w1", True, pid=4242, tid=4243)
+    enforcer = CapEnforcer(backend, registry, AgentMetrics(), 2.0, root_limit_cores=1.0)
+    wire = pb.InstanceKey(app="wc", operator="count", instance=2)
+    ack = handle_directive(
+        enforcer,
+        pb.CapDirective(epoch=1, caps=[pb.InstanceCap(key=wire, cap_cores=0.8)]),
+        DirectiveEpochs(),
+    )
+    assert ack.applied == 1, ack
+    path = enforcer.cgroups[key]
+    assert path == (unit / "dsched" / "wc" / "w1" / "count-2").resolve()
+    # The unit's own 0.5-core cpu.max stays above dsched's 0.8 (v2 takes the minimum).
+    assert (unit / "cpu.max").read_text() == "50000 100000\n"
+    assert (path / "cpu.max").read_text().split() == ["80000", "100000"]
+    assert (unit / "dsched" / "cpu.max").read_text().split() == ["100000", "100000"]
+    assert (path / "cgroup.threads").read_text().split() == ["4243"]
+    ack = handle_directive(enforcer, pb.CapDirective(epoch=2, release=[wire]), DirectiveEpochs())
+    assert ack.applied == 1 and enforcer.caps == {} and key not in enforcer.cgroups
+    assert (unit / "cgroup.threads").read_text().split() == ["4243"]
+
+
+def test_v2_anchor_without_a_cpu_controller_is_refused_fake_v2_layout(tmp_path):
+    from agent.cgroups import CgroupError
+
+    mount, unit, proc = _fake_v2_unit(tmp_path)
+    (unit / "cgroup.controllers").write_text("memory\n")
+    backend = CgroupV2(mount, "dsched", proc_root=str(proc))
+    before = _files(mount, skip="\0")
+    with pytest.raises(CgroupError):
+        backend.create(InstanceKey("wc", "count", 2), "w1", 4242, backend.anchor_of(4242, 4243))
+    assert _files(mount, skip="\0") == before and not (unit / "dsched").exists()
 
 
 def test_v2_backend_refuses_escaping_names_fake_v2_layout(tmp_path):

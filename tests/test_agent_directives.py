@@ -40,6 +40,13 @@ def _directive(epoch: int, *caps: tuple[str, str, int, float]) -> pb.CapDirectiv
     )
 
 
+def _release(epoch: int, *keys: tuple[str, str, int]) -> pb.CapDirective:
+    return pb.CapDirective(
+        epoch=epoch,
+        release=[pb.InstanceKey(app=a, operator=o, instance=i) for a, o, i in keys],
+    )
+
+
 def _rejected(enforcer: CapEnforcer, reason: str) -> float:
     value = enforcer.metrics.registry.get_sample_value(
         "dsched_agent_rejected_directives_total", {"reason": reason}
@@ -65,24 +72,62 @@ def test_directive_for_instances_the_agent_does_not_own_is_refused():
     assert _rejected(enforcer, "unknown_instance") == 3
 
 
-@pytest.mark.parametrize("cap", [-0.1, math.nan, math.inf, -math.inf, 2.0001])
+@pytest.mark.parametrize("cap", [0.0, -0.0, -0.1, math.nan, math.inf, -math.inf, 2.0001])
 def test_cap_outside_zero_to_node_cores_is_refused(cap):
     enforcer = _enforcer(capacity=2.0)
     ack = handle_directive(enforcer, _directive(1, ("wc", "split", 0, cap)), DirectiveEpochs())
     assert ack.applied == 0 and [r.reason for r in ack.rejected] == ["cap_out_of_bounds"]
-    assert enforcer.caps == {}
+    assert enforcer.caps == {} and enforcer.cgroups == {}
     assert _rejected(enforcer, "cap_out_of_bounds") == 1
 
 
-def test_cap_of_all_node_cores_applies_and_zero_removes_it():
+def test_a_cap_of_zero_leaves_the_cap_in_force():
+    enforcer = _enforcer(capacity=2.0)
+    epochs = DirectiveEpochs()
+    assert handle_directive(enforcer, _directive(1, ("wc", "split", 0, 0.5)), epochs).applied == 1
+    ack = handle_directive(enforcer, _directive(2, ("wc", "split", 0, 0.0)), epochs)
+    assert [r.reason for r in ack.rejected] == ["cap_out_of_bounds"]
+    assert enforcer.caps == {SPLIT: 0.5}
+    assert enforcer.backend.read_cap(enforcer.cgroups[SPLIT]) == 0.5
+
+
+def test_cap_of_all_node_cores_applies_and_release_removes_it():
     enforcer = _enforcer(capacity=2.0)
     epochs = DirectiveEpochs()
     assert handle_directive(enforcer, _directive(1, ("wc", "split", 0, 2.0)), epochs).applied == 1
     assert enforcer.caps == {SPLIT: 2.0}
     path = enforcer.cgroups[SPLIT]
     assert enforcer.backend.read_cap(path) == 2.0
-    assert handle_directive(enforcer, _directive(2, ("wc", "split", 0, 0.0)), epochs).applied == 1
-    assert enforcer.caps == {} and enforcer.backend.read_cap(path) is None
+    ack = handle_directive(enforcer, _release(2, ("wc", "split", 0)), epochs)
+    assert ack.applied == 1 and not ack.rejected
+    assert enforcer.caps == {} and enforcer.cgroups == {}
+    # Released again: nothing to do, still applied (directives are idempotent).
+    assert handle_directive(enforcer, _release(3, ("wc", "split", 0)), epochs).applied == 1
+
+
+@pytest.mark.parametrize("key", [("wc", "nosuch", 0), ("wc", "split", 1), ("../x", "split", 0)])
+def test_release_of_an_unknown_instance_is_refused(key):
+    enforcer = _enforcer()
+    epochs = DirectiveEpochs()
+    handle_directive(enforcer, _directive(1, ("wc", "split", 0, 0.5)), epochs)
+    ack = handle_directive(enforcer, _release(2, key), epochs)
+    assert ack.applied == 0 and [r.reason for r in ack.rejected] == ["unknown_instance"]
+    assert (ack.rejected[0].key.app, ack.rejected[0].key.operator) == key[:2]
+    assert enforcer.caps == {SPLIT: 0.5}
+    assert _rejected(enforcer, "unknown_instance") == 1
+
+
+def test_an_instance_capped_and_released_by_one_directive_is_refused_in_both():
+    enforcer = _enforcer()
+    epochs = DirectiveEpochs()
+    handle_directive(enforcer, _directive(1, ("wc", "split", 0, 0.5)), epochs)
+    both = _directive(2, ("wc", "split", 0, 0.7))
+    both.release.append(pb.InstanceKey(app="wc", operator="split", instance=0))
+    ack = handle_directive(enforcer, both, epochs)
+    assert ack.applied == 0
+    assert [r.reason for r in ack.rejected] == ["conflicting_entries"] * 2
+    assert enforcer.caps == {SPLIT: 0.5}
+    assert _rejected(enforcer, "conflicting_entries") == 2
 
 
 def test_stale_epoch_changes_nothing_and_the_same_epoch_again_applies():

@@ -661,8 +661,9 @@ def test_a_new_taskmanager_process_gets_the_instance_and_its_cap(cluster, v1_age
     assert path.parent.name == f"tm-{new.pid}"
     assert int((path / "cpu.cfs_quota_us").read_text()) == 25_000
     assert cgroup_tasks(path) == new.tids("Calc[2] (1/2)#1", "OutputFlusher for Calc[2] (1/2)#1")
-    # The old cgroup's cap was lifted; it goes once its threads are gone.
-    assert int((old_calc / "cpu.cfs_quota_us").read_text()) == -1
+    # The old attempt's threads, still running, went back to their own cgroup, and the
+    # old cgroup with its cap is gone.
+    assert not old_calc.exists()
 
     # The old TaskManager dies; the sampler sees the aggregate's threads gone (its cap is
     # held), then the new process starts that subtask too and gets the cap back.

@@ -15,6 +15,7 @@ from agent.link import ControllerLink, backoff_delay
 from agent.node import NodeAgent
 from dsched.ids import InstanceKey
 from dsched.tls import TlsConfig
+from dsched_pb import dsched_pb2 as pb
 from tests.test_agent_support import (
     RecordingController,
     WorkerThread,
@@ -143,10 +144,26 @@ def test_directive_rejections_unknown_instance_out_of_bounds_and_stale_epoch():
             _metric(agent, "dsched_agent_rejected_directives_total", reason="cap_out_of_bounds")
             == 3
         )
-        # Cap 0 means "remove the cap", not "out of bounds".
+        # Cap 0 is out of bounds like any other; removing a cap is its own entry kind.
         controller.send_caps(6, [("wc", "split", 0, 0.0)])
         assert wait_for(lambda: len(controller.acks) == 3)
-        assert controller.acks[2].applied == 1 and agent.caps == {}
+        assert [r.reason for r in controller.acks[2].rejected] == ["cap_out_of_bounds"]
+        assert agent.caps == {InstanceKey("wc", "split", 0): 0.5}
+        controller.outbox.put(
+            pb.ControllerMessage(
+                directive=pb.CapDirective(
+                    epoch=7,
+                    release=[
+                        pb.InstanceKey(app="wc", operator="split", instance=0),
+                        pb.InstanceKey(app="wc", operator="nosuch", instance=0),
+                    ],
+                )
+            )
+        )
+        assert wait_for(lambda: len(controller.acks) == 4)
+        ack = controller.acks[3]
+        assert ack.applied == 1 and [r.reason for r in ack.rejected] == ["unknown_instance"]
+        assert agent.caps == {}
     finally:
         link.stop()
         controller.stop()
@@ -268,7 +285,8 @@ def test_lease_expiry_applies_fallback_once(v1_agent, policy):
     if policy == "hold":
         assert quota.read_text().strip() == "25000" and agent.caps[key] == 0.25
     else:
-        assert quota.read_text().strip() == "-1" and key not in agent.caps
+        # Released as a release directive does: the cgroup is gone with its quota.
+        assert not quota.exists() and key not in agent.caps and key not in agent.cgroups
     agent.on_contact()
     assert not agent.fallback_applied
 

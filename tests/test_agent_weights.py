@@ -74,13 +74,17 @@ def test_capacity_cores_is_reported_and_enforced_on_the_root(make_agent):
     make, _ = make_agent
     agent = make(capacity_cores=1.0, cpu_period_us=100_000)
     assert agent.hello().cpu_capacity_cores == 1.0
-    assert int((agent.backend.root / "cpu.cfs_quota_us").read_text()) == 100_000
-    # A cap above the configured capacity is refused, even though the machine has more.
+    # The root is made (with its quota) with the first cap, inside the thread's cgroup.
+    assert not agent.backend.root.exists()
     t = WorkerThread()
     _, threads = make_agent
     threads.append(t)
     agent.register("wc", "count", 0, "w1", True, os.getpid(), t.tid)
-    ack = agent.handle_directive(_directive(1, [("wc", "count", 0, 1.5)]))
+    ack = agent.handle_directive(_directive(1, [("wc", "count", 0, 0.5)]))
+    assert ack.applied == 1
+    assert int((agent.backend.root / "cpu.cfs_quota_us").read_text()) == 100_000
+    # A cap above the configured capacity is refused, even though the machine has more.
+    ack = agent.handle_directive(_directive(2, [("wc", "count", 0, 1.5)]))
     assert ack.applied == 0 and ack.rejected[0].reason == "cap_out_of_bounds"
 
 

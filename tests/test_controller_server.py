@@ -366,3 +366,28 @@ def test_the_plan_follows_every_epoch(tmp_path):
                 assert first.record_json == again.record_json
     finally:
         stop(c, server)
+
+
+def test_welcome_carries_the_mode_and_a_mode_change_reaches_connected_agents(tmp_path):
+    c, server = start(config(tmp_path, mode="dry-run"), loop=False)
+
+    async def scenario() -> None:
+        agent = AioAgent(aio_channel(f"127.0.0.1:{server.port}"), "n1")
+        try:
+            first = await agent.open()
+            assert first.welcome.mode == pb.DRY_RUN
+            await asyncio.to_thread(c.set_mode, "enforce")
+            again = await agent.read()
+            assert again.HasField("welcome") and again.welcome.mode == pb.ENFORCE
+            # The same mode again changes nothing and sends nothing.
+            await asyncio.to_thread(c.set_mode, "enforce")
+            await asyncio.to_thread(c.set_mode, "dry-run")
+            last = await agent.read()
+            assert last.welcome.mode == pb.DRY_RUN
+        finally:
+            await agent.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        stop(c, server)

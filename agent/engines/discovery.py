@@ -282,6 +282,11 @@ class EngineDiscovery:
         return True
 
     def _cap(self, state: EngineState, rec: InstanceRecord, cap: float) -> bool:
+        if not self.agent.enforcing:
+            # The controller is in dry-run: nothing changes; the cap waits for the
+            # instance's next return (or the controller's next directive).
+            state.held[rec.key] = cap
+            return False
         try:
             self.agent.enforcer.apply_cap(rec, cap)
             return True

@@ -99,6 +99,13 @@ def static_caps(
     raise ValueError(f"unknown static strategy {name!r} (known: {', '.join(STATIC_STRATEGIES)})")
 
 
+def _limit_root(backend: CgroupV1, capacity_cores: float) -> None:
+    """Make the backend's top-level root and cap it at ``capacity_cores``."""
+    backend.root_limit_cores = capacity_cores
+    backend.root.mkdir(exist_ok=True)
+    backend.limit_root(backend.root)
+
+
 class StaticCaps:
     """Fixed per-instance caps written once with :class:`agent.cgroups.CgroupV1`."""
 
@@ -114,7 +121,7 @@ class StaticCaps:
         self, topology: LiveTopology, caps: Mapping[str, float | None], capacity_cores: float
     ) -> None:
         """Limit the root to the testbed's capacity, then cap every instance thread."""
-        self.backend.limit_root(capacity_cores)
+        _limit_root(self.backend, capacity_cores)
         for inst in topology.all_instances():
             key = InstanceKey(topology.spec.app, inst.spec.name, inst.index)
             pid, tid = inst.cpu_pid_tid
@@ -213,7 +220,7 @@ class Reservation:
     def place(self, tids: Iterable[int], period_us: int, capacity_cores: float) -> None:
         """Limit ``testbed/`` to the capacity and put ``tids`` in it (not in an instance cgroup)."""
         backend = self.backend(period_us)
-        backend.limit_root(capacity_cores)
+        _limit_root(backend, capacity_cores)
         for tid in tids:
             try:
                 _write_file(backend.root / "tasks", f"{tid}\n")

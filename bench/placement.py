@@ -17,9 +17,16 @@ load behind it. ``liu`` places stateful instances by their peaks; the others
 read only demand. ``liu_demand_only`` is liu on the same epochs without peaks,
 so what peaks buy shows beside it.
 
-``mips`` is also run alone over a range of sample budgets on the first seed's
-scenarios (with several mips seeds), reporting its quality against budget; a
-PNG shows it.
+``mips-anytime`` (one sample budget per plan) is also run alone over a range
+of budgets on the first seed's scenarios (with several seeds), reporting its
+quality against budget; a PNG shows it. ``mips`` (the published scheme, its
+budget per decision) runs in the comparison with ``--mips-samples`` samples
+per decision.
+
+``mips_paper`` (:mod:`bench.placement_mips`) is the two-stage setting of the
+MIPS paper: sequential requests on a Fat-Tree and a Jellyfish, MIPS against
+FFD, R-Heron and T-Heron (each followed by best fit), and MIPS's quality
+against samples per decision.
 
 ``liu`` runs with its defaults unless ``--liu-option KEY=VALUE`` overrides one;
 each ``--liu-variant KEY=VALUE[,KEY=VALUE...]`` runs it once more with other
@@ -37,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench import placement_mips
 from bench.common import write_result
 from controller.placement import (
     STRATEGIES,
@@ -49,6 +57,8 @@ from controller.placement import (
 
 SCENARIOS = ("growing", "shrinking", "random")
 DEFAULT_BUDGETS = (4, 16, 64, 256, 1024)
+#: mips samples per decision in the comparison (mips-anytime: per plan).
+DEFAULT_MIPS_SAMPLES = 64
 DEFAULT_LIU_VARIANTS = ("scale_in_patience=3", "stateful_growth=0")
 #: Epochs over which an instance's peak demand is taken: 300 s at a 10-s slot,
 #: as the controller's default ``stateful_peak_seconds``.
@@ -321,16 +331,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--headroom", type=float, default=0.2, help="cores kept free per node")
     parser.add_argument(
-        "--mips-samples", type=int, default=256, help="mips budget in the comparison"
+        "--mips-samples",
+        type=int,
+        default=DEFAULT_MIPS_SAMPLES,
+        help="mips samples per decision in the comparison (mips-anytime: samples per plan; "
+        f"default {DEFAULT_MIPS_SAMPLES})",
     )
     parser.add_argument(
         "--budgets",
         type=int,
         nargs="+",
         default=list(DEFAULT_BUDGETS),
-        help="mips sample budgets for the quality curve",
+        help="mips-anytime sample budgets (per plan) for the quality curve",
     )
-    parser.add_argument("--budget-seeds", type=int, default=3, help="mips seeds per budget")
+    parser.add_argument("--budget-seeds", type=int, default=3, help="mips-anytime seeds per budget")
     parser.add_argument(
         "--liu-option",
         action="append",
@@ -346,6 +360,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run liu with these options, recorded under liu_variants (repeatable; "
         f"default: {' and '.join(DEFAULT_LIU_VARIANTS)})",
     )
+    placement_mips.add_arguments(parser)
 
 
 def mips_quality(states_by_scenario, budgets, seeds: int, headroom: float) -> list[dict[str, Any]]:
@@ -364,7 +379,7 @@ def mips_quality(states_by_scenario, budgets, seeds: int, headroom: float) -> li
                 0.0,
             )
             for states in states_by_scenario.values():
-                r = run_strategy("mips", states, headroom, samples=budget, seed=seed)
+                r = run_strategy("mips-anytime", states, headroom, samples=budget, seed=seed)
                 for key in totals:
                     totals[key] += r[key]
             per_seed.append(totals)
@@ -395,16 +410,16 @@ def _plot(path: Path, rows: list[dict[str, Any]], reference: dict[str, dict[str,
             [r[key] for r in rows],
             yerr=[r[key + "_stdev"] for r in rows],
             marker="o",
-            label="mips",
+            label="mips-anytime",
             capsize=3,
         )
-        others = [n for n in sorted(reference) if n != "mips"]
+        others = [n for n in sorted(reference) if n != "mips-anytime"]
         for k, name in enumerate(others):
             ax.axhline(
                 reference[name][key], linestyle="--", linewidth=1.0, color=f"C{k + 1}", label=name
             )
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("mips samples per plan")
+        ax.set_xlabel("mips-anytime samples per plan")
         ax.set_title(title, fontsize=9)
     axes[1].legend(fontsize=7, loc="best")
     fig.tight_layout()
@@ -424,6 +439,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--peak-epochs must be >= 1, got {args.peak_epochs}")
     if args.mips_samples < 1 or any(b < 1 for b in args.budgets):
         raise ValueError("--mips-samples and --budgets must be >= 1")
+    if args.mips_paper_seeds < 1:
+        raise ValueError(f"--mips-paper-seeds must be >= 1, got {args.mips_paper_seeds}")
+    placement_mips.check(
+        requests=args.mips_paper_requests,
+        alpha=args.mips_paper_alpha,
+        budgets=args.mips_paper_budgets,
+        samples=args.mips_paper_samples,
+    )
     liu_options = parse_options(args.liu_option, "--liu-option")
     variant_specs = DEFAULT_LIU_VARIANTS if args.liu_variant is None else args.liu_variant
     variants = [
@@ -442,11 +465,13 @@ def run(args: argparse.Namespace) -> int:
     # Options each strategy runs with (the rest are its defaults), recorded in the JSON.
     strategy_options: dict[str, dict[str, Any]] = {
         "liu": _liu_options(liu_options),
-        "mips": {"samples": args.mips_samples, "seed": args.seed},
+        "mips": {"samples_per_decision": args.mips_samples, "seed": args.seed},
+        "mips-anytime": {"samples": args.mips_samples, "seed": args.seed},
     }
     run_options: dict[str, dict[str, Any]] = {
         "liu": liu_options,
-        "mips": {"samples": args.mips_samples, "seed": args.seed},
+        "mips": {"samples_per_decision": args.mips_samples, "seed": args.seed},
+        "mips-anytime": {"samples": args.mips_samples, "seed": args.seed},
     }
     for scenario, epoch_states in states.items():
         per_scenario[scenario] = {}
@@ -466,6 +491,13 @@ def run(args: argparse.Namespace) -> int:
     )
     first_seed = {s: per_seed[0] for s, per_seed in states.items()}
     quality = mips_quality(first_seed, args.budgets, args.budget_seeds, args.headroom)
+    mips_paper = placement_mips.run_section(
+        seeds=list(range(args.seed, args.seed + args.mips_paper_seeds)),
+        requests=args.mips_paper_requests,
+        alpha=args.mips_paper_alpha,
+        budgets=args.mips_paper_budgets,
+        samples=args.mips_paper_samples,
+    )
     stateful = {n: f["affected_stateful_workers"] for n, f in summed.items()}
     fewest = min(stateful.values())
     feasible = [n for n, f in summed.items() if f["overloaded_nodes"] == 0]
@@ -508,6 +540,7 @@ def run(args: argparse.Namespace) -> int:
         "liu_variants": liu_variants,
         "liu_demand_only": demand_only,
         "mips_quality_vs_budget": quality,
+        "mips_paper": mips_paper,
     }
     png = (
         Path(args.png) if args.png else (Path(args.json).with_suffix(".png") if args.json else None)
@@ -597,9 +630,10 @@ def _print_table(doc: dict[str, Any]) -> None:
             f"{figs['affected_stateful_workers']:g}, affected workers {figs['affected_workers']:g}, "
             f"nodes used {figs['nodes_used']:g}, overloaded nodes {figs['overloaded_nodes']:g}"
         )
-    print("mips samples -> initial inter-node traffic, affected workers, plan seconds")
+    print("mips-anytime samples -> initial inter-node traffic, affected workers, plan seconds")
     for row in doc["mips_quality_vs_budget"]:
         print(
             f"  {row['samples']:6d}  {row['initial_inter_node_traffic']:12.1f}"
             f"  {row['affected_workers']:8.1f}  {row['plan_seconds']:8.3f}"
         )
+    placement_mips.print_section(doc["mips_paper"])

@@ -117,26 +117,43 @@ class AnielloOnlineOptions:
 
     # Reschedule only if inter-node traffic drops by more than this many percent.
     threshold_percent: float = 10.0
+    # Workers per application (W in min(E, W)); 0: one per node slot.
+    workers_per_app: int = 0
+    # X_i: seconds a node must stay overloaded before it forces a reschedule.
+    window_seconds: float = 0.0
+    # Worker slots per node; 0: the strategy's default.
+    slots_per_node: int = 0
 
 
 @dataclass
 class MipsOptions:
-    """``[placement_options.mips]``: Monte Carlo tree search with UCT."""
+    """``[placement_options.mips]``: Monte Carlo tree search with UCT, two stages
+    (instances -> containers -> nodes)."""
 
-    # Simulations per decision.
-    samples: int = 256
+    # Simulations per decision (each placement of one instance or container).
+    samples_per_decision: int = 64
     # Random seed (plans are reproducible for one seed).
     seed: int = 0
     # UCT exploration constant.
-    exploration: float = 0.5
-    # Probability of a random expansion instead of the greedy one.
-    epsilon: float = 0.2
+    exploration: float = 0.3
+    # Probability of a random expansion instead of the refined one (0: the paper's).
+    epsilon: float = 0.0
+    # Weight of cross-container traffic against containers used, in [0, 1].
+    alpha: float = 0.5
     # Cores of one container; 0: the largest instance demand.
     container_cores: float = 0.0
-    # Cost weight of opening a container.
-    container_weight: float = 0.1
-    # Cost weight of opening a node.
-    node_weight: float = 0.1
+    # Containers per application request; 0: as many as its demand needs.
+    containers_per_app: int = 0
+    # Network between nodes for stage 2's hop costs: flat, fat-tree or jellyfish.
+    topology: str = "flat"
+    # Seed of a jellyfish topology's random links.
+    topology_seed: int = 0
+    # The paper's best-child prior (bad children start with visits and cost).
+    prior: bool = True
+    # The paper's expansion and simulation refinements.
+    expansion: bool = True
+    # Cost weight of each node used in stage 2.
+    node_weight: float = 0.0
 
 
 @dataclass
@@ -158,7 +175,7 @@ class PlacementOptions:
             return {}
         out = dataclasses.asdict(table)
         # 0 stands for "the strategy's own default" in these keys.
-        for key in ("workers_per_app", "container_cores"):
+        for key in ("workers_per_app", "container_cores", "containers_per_app", "slots_per_node"):
             if out.get(key) == 0:
                 out[key] = None
         return out

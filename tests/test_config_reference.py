@@ -47,10 +47,10 @@ def test_placement_options_reach_the_strategy(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(
         f'state_dir = "{tmp_path}"\nplacement = "mips"\n'
-        "[placement_options.mips]\nsamples = 7\nseed = 3\n"
+        "[placement_options.mips]\nsamples_per_decision = 7\nseed = 3\n"
     )
     loop = build_placement(load_config(ControllerConfig, path))
-    assert loop is not None and (loop.strategy.samples, loop.strategy.seed) == (7, 3)
+    assert loop is not None and (loop.strategy.samples_per_decision, loop.strategy.seed) == (7, 3)
     path.write_text(
         'placement = "aniello-offline"\n[placement_options.aniello-offline]\nbeta = 0.25\n'
     )

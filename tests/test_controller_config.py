@@ -31,7 +31,9 @@ BAD = [
     ("predictors = []\n", "predictors"),
     ('cap_actuator = "ssh"\n', "cap_actuator"),
     ('move_actuator = "kubectl"\n', "move_actuator"),
-    ("[placement_options.mips]\nsamples = 0\n", "placement_options.mips"),
+    ("[placement_options.mips]\nsamples_per_decision = 0\n", "placement_options.mips"),
+    # The key before samples were counted per decision: unknown, named.
+    ("[placement_options.mips]\nsamples = 256\n", "placement_options.mips.samples"),
     ("[placement_options.liu]\nstateful_growth = -1\n", "placement_options.liu"),
     ("[placement_options.mips]\nsampels = 5\n", "placement_options.mips.sampels"),
     ("max_instance_cores = 0\n", "max_instance_cores"),

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from bench import placement as bench
+from bench import placement_mips
 
 
 def _args(tmp_path, *extra: str) -> argparse.Namespace:
@@ -28,6 +29,14 @@ def _args(tmp_path, *extra: str) -> argparse.Namespace:
             "4",
             "--budget-seeds",
             "1",
+            "--mips-paper-requests",
+            "2",
+            "--mips-paper-seeds",
+            "1",
+            "--mips-paper-budgets",
+            "2",
+            "4",
+            "8",
             *extra,
         ]
     )
@@ -100,6 +109,51 @@ def test_liu_option_and_variants_are_run_and_recorded(tmp_path, capsys):
     assert variants[0]["per_scenario"]["shrinking"]["nodes_used"] == direct["nodes_used"]
     assert isinstance(doc["liu_fewest_nodes_used_among_feasible"], bool)
     assert "liu with scale_in_patience=30:" in capsys.readouterr().out
+
+
+def test_mips_paper_section_has_every_figure_per_network_and_contender(tmp_path):
+    assert bench.run(_args(tmp_path, "--liu-variant", "scale_in_patience=3")) == 0
+    section = json.loads((tmp_path / "placement.json").read_text())["mips_paper"]
+    assert set(section["topologies"]) == {"fat-tree", "jellyfish"}
+    for block in section["topologies"].values():
+        assert set(block["contenders"]) == {"mips", "ffd-bestfit", "r-heron", "t-heron"}
+        for figs in block["contenders"].values():
+            for key in (
+                "cross_container_traffic",
+                "containers",
+                "cross_server_traffic_hops",
+                "combined_cost",
+                "plan_seconds",
+            ):
+                assert figs[key] >= 0, key
+        assert block["mips_lowest_combined_cost"] == (
+            block["contenders"]["mips"]["combined_cost"]
+            < min(f["combined_cost"] for n, f in block["contenders"].items() if n != "mips")
+        )
+    curve = section["samples_curve"]
+    assert [r["samples_per_decision"] for r in curve] == [2, 4, 8]
+    assert section["samples_per_decision"] == section["converged_samples_per_decision"]
+    assert section["converged_samples_per_decision"] in (2, 4, 8)
+
+
+def test_mips_paper_converged_budget_and_flattening():
+    curve = [
+        {"samples_per_decision": b, "combined_cost": c}
+        for b, c in ((8, 1.0), (16, 0.8), (32, 0.7), (64, 0.695), (128, 0.69))
+    ]
+    assert placement_mips.converged(curve) == 64  # 0.695 is within 1% of 0.69
+    shape = placement_mips.flattening(curve)
+    assert shape["flattens"] and shape["gain_first_half"] > shape["gain_second_half"]
+    rising = [dict(r, combined_cost=r["samples_per_decision"] / 8) for r in curve]
+    assert not placement_mips.flattening(rising)["flattens"]
+
+
+def test_bad_mips_paper_options_fail_before_any_run(tmp_path):
+    with pytest.raises(ValueError, match="--mips-paper-alpha"):
+        bench.run(_args(tmp_path, "--mips-paper-alpha", "1.5"))
+    with pytest.raises(ValueError, match="--mips-paper-samples"):
+        bench.run(_args(tmp_path, "--mips-paper-samples", "0"))
+    assert not (tmp_path / "placement.json").exists()
 
 
 def test_seeds_sum_each_seeds_run(tmp_path):

@@ -15,6 +15,8 @@ from controller.placement import (
     Worker,
     get_strategy,
 )
+from controller.placement.stage import PlacementDemand, plan_placement
+from dsched.ids import InstanceKey
 
 
 def _state(**overrides) -> PlacementInput:
@@ -149,3 +151,13 @@ def test_every_strategy_replaces_instances_of_a_vanished_node(name):
     moved = {m.instance: m for m in plan.moves}
     assert moved["wc/count/0"].from_node == "n1"
     assert plan.feasible
+
+
+def test_no_connected_node_plans_nothing():
+    # Every agent left while instances still have demands: nothing to place on
+    # (liu's repack used to index a node list that was empty).
+    key = InstanceKey("wc", "split", 0)
+    demands = {key: PlacementDemand("n1", 0.5)}
+    current = {key.id: ("n1", False)}
+    for strategy in sorted(STRATEGIES):
+        assert plan_placement(demands, capacity={}, current=current, strategy=strategy) is None

@@ -132,10 +132,10 @@ def test_aniello_online_reschedules_only_when_traffic_falls_more_than_threshold(
     assert any("more than 10%" in r for r in plan.reasons)
 
 
-def test_mips_is_reproducible_for_a_seed_and_reports_its_samples():
+def test_mips_anytime_is_reproducible_for_a_seed_and_reports_its_samples():
     state = _pipeline(demand=0.6, nodes=4)
-    a = get_strategy("mips", samples=64, seed=3).plan(state)
-    b = get_strategy("mips", samples=64, seed=3).plan(state)
+    a = get_strategy("mips-anytime", samples=64, seed=3).plan(state)
+    b = get_strategy("mips-anytime", samples=64, seed=3).plan(state)
     assert a.assignment == b.assignment
     assert any("MCTS with 32+32 samples (seed 3)" in r for r in a.reasons)
     assert a.feasible

@@ -15,16 +15,18 @@ plan out belongs to an actuator.
 
 from __future__ import annotations
 
+from controller.placement.aniello import AnielloOnlineStrategy
 from controller.placement.baselines import (
     AnielloOfflineStrategy,
-    AnielloOnlineStrategy,
     EvenStrategy,
     RStormStrategy,
     SamStrategy,
 )
 from controller.placement.common import PlacementStrategy, apply_plan
+from controller.placement.heron import FfdBestFitStrategy, RHeronStrategy, THeronStrategy
 from controller.placement.liu import LiuStrategy
-from controller.placement.mips import MipsStrategy
+from controller.placement.mips import MipsAnytimeStrategy
+from controller.placement.mips_paper import MipsStrategy
 from controller.placement.model import (
     Instance,
     Move,
@@ -48,6 +50,10 @@ STRATEGIES.add("sam", SamStrategy)
 STRATEGIES.add("aniello-offline", AnielloOfflineStrategy)
 STRATEGIES.add("aniello-online", AnielloOnlineStrategy)
 STRATEGIES.add("mips", MipsStrategy)
+STRATEGIES.add("mips-anytime", MipsAnytimeStrategy)
+STRATEGIES.add("ffd-bestfit", FfdBestFitStrategy)
+STRATEGIES.add("r-heron", RHeronStrategy)
+STRATEGIES.add("t-heron", THeronStrategy)
 
 
 def get_strategy(name: str = DEFAULT_STRATEGY, **options: object) -> PlacementStrategy:

@@ -1,10 +1,10 @@
-"""The other papers' placers behind the same interface: ``even``, ``rstorm``, ``sam``,
-``aniello-offline`` and ``aniello-online``.
+"""The other papers' placers behind the same interface: ``even``, ``rstorm``, ``sam``
+and ``aniello-offline`` (``aniello-online`` is in :mod:`controller.placement.aniello`,
+the two-stage placers in :mod:`controller.placement.heron`).
 
 They were designed to place a topology from scratch, so they keep the current
 placement while it is complete and within capacity, and otherwise place every
-instance again (an engine's "rebalance"). ``aniello-online`` has its own
-trigger: it also re-places when that cuts inter-node traffic by more than R%.
+instance again (an engine's "rebalance").
 None of them separates stateful from stateless instances: the node-level
 placers run one worker per application per node, as the engines they come
 from do.
@@ -22,10 +22,8 @@ from controller.placement.common import (
     bfs_instances,
     current_fits,
     fits,
-    inter_node_traffic,
     keep_current,
     least_loaded_fallback,
-    neighbours,
 )
 from controller.placement.model import Instance, PlacementInput, operator_order
 
@@ -270,69 +268,8 @@ class AnielloOfflineStrategy(ReplanningStrategy):
         return groups, ["topology order, instances joined with their upstream workers"]
 
 
-class AnielloOnlineStrategy(PlacementStrategy):
-    """Aniello et al. online scheduler (§3.2): instances by decreasing
-    measured traffic, each to the node with room that keeps most of its traffic
-    local (ties: most free cores, to balance load). The new placement is applied
-    when the current one does not fit, or when it cuts inter-node traffic by more
-    than ``threshold_percent``."""
-
-    name = "aniello-online"
-
-    def __init__(self, threshold_percent: float = 10.0) -> None:
-        self.threshold_percent = _check_number("threshold_percent", threshold_percent, 0.0, 100.0)
-
-    def decide(self, state, headroom_cores):
-        nodes = state.node_ids
-        free = {n: state.capacity(n, headroom_cores) for n in nodes}
-        talk = neighbours(state)
-        node_of: dict[str, str] = {}
-        reasons: list[str] = []
-        order = sorted(
-            state.instances,
-            key=lambda i: (-sum(talk.get(i.id, {}).values()), -i.demand_cores, i.id),
-        )
-        for inst in order:
-            room = [n for n in nodes if fits(free[n], inst.demand_cores)]
-            if not room:
-                target = least_loaded_fallback(state, free, inst.demand_cores)
-                reasons.append(f"{inst.id} fits on no node; put on {target}")
-            else:
-
-                def local(n: str, inst: Instance = inst) -> float:
-                    return sum(r for o, r in talk.get(inst.id, {}).items() if node_of.get(o) == n)
-
-                target = max(room, key=lambda n: (local(n), free[n], -nodes.index(n)))
-            node_of[inst.id] = target
-            free[target] -= inst.demand_cores
-        proposal = {i: GroupKey(n) for i, n in node_of.items()}
-        ok, why = current_fits(state, headroom_cores)
-        if not ok:
-            return Decision(proposal, (why + "; placing by traffic", *reasons))
-        now = inter_node_traffic(state, {i: n for i, (_, n) in state.current_assignment().items()})
-        new = inter_node_traffic(state, node_of)
-        cut = 0.0 if now <= 0 else 100.0 * (now - new) / now
-        if cut > self.threshold_percent:
-            return Decision(
-                proposal,
-                (
-                    f"inter-node traffic falls {cut:.1f}% ({now:.4g} -> {new:.4g} tuples/s), "
-                    f"more than {self.threshold_percent:g}%",
-                    *reasons,
-                ),
-            )
-        return Decision(
-            keep_current(state),
-            (
-                f"inter-node traffic would fall {cut:.1f}%, not more than "
-                f"{self.threshold_percent:g}%; keeping the placement",
-            ),
-        )
-
-
 __all__ = [
     "AnielloOfflineStrategy",
-    "AnielloOnlineStrategy",
     "EvenStrategy",
     "RStormStrategy",
     "ReplanningStrategy",

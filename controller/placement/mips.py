@@ -1,5 +1,8 @@
-"""``mips``: two-stage placement by Monte Carlo tree search (Huang et al., "MIPS:
-Instance Placement for Stream Processing Systems based on Monte Carlo Tree Search").
+"""``mips-anytime``: an anytime simplification of two-stage placement by Monte
+Carlo tree search (Huang et al., "MIPS: Instance Placement for Stream
+Processing Systems based on Monte Carlo Tree Search"). The published scheme
+is ``mips`` (:mod:`controller.placement.mips_paper`); this variant is kept
+because it is cheap at scale: its budget is per plan, not per decision.
 
 Stage 1 maps instances to containers (workers) of their application, stage 2
 maps containers to nodes. Each stage is a sequence of decisions (the next item
@@ -202,10 +205,11 @@ class _Search:
         return self.best
 
 
-class MipsStrategy(ReplanningStrategy):
-    """Monte Carlo tree search with UCT over instance->worker, then worker->node."""
+class MipsAnytimeStrategy(ReplanningStrategy):
+    """Monte Carlo tree search with UCT over instance->worker, then worker->node,
+    items in a fixed order, one sample budget for the whole plan."""
 
-    name = "mips"
+    name = "mips-anytime"
 
     def __init__(
         self,

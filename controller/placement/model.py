@@ -40,10 +40,17 @@ def _check_cores(field_name: str, owner: str, value: object) -> float:
 
 @dataclass(frozen=True)
 class Node:
-    """A machine (or a CPU share standing for one) with ``capacity_cores`` of CPU."""
+    """A machine (or a CPU share standing for one) with ``capacity_cores`` of CPU.
+
+    ``clock_hz`` is the speed of one of its cores; None (the default) for
+    every node means equal speeds. Only strategies that measure load in Hz
+    (``aniello-online``) read it: a core-second on a 2 GHz node is half of one
+    on a 1 GHz node.
+    """
 
     id: str
     capacity_cores: float
+    clock_hz: float | None = None
 
     def __post_init__(self) -> None:
         check_name("node id", self.id)
@@ -52,6 +59,11 @@ class Node:
             "capacity_cores",
             _check_cores("capacity_cores", f"node {self.id}", self.capacity_cores),
         )
+        if self.clock_hz is not None:
+            clock = _check_cores("clock_hz", f"node {self.id}", self.clock_hz)
+            if clock <= 0:
+                raise ValueError(f"clock_hz of node {self.id} must be > 0, got {self.clock_hz!r}")
+            object.__setattr__(self, "clock_hz", clock)
 
 
 @dataclass(frozen=True)

@@ -164,11 +164,15 @@ def placement_needed(
 def build_strategy(name: str, slot_seconds: float, scale_in_wait_seconds: float, **options):
     """The strategy ``name`` for a controller whose epoch is ``slot_seconds``, with
     its typed options (config ``[placement.<name>]``). ``liu`` waits before a
-    stateful scale in: its wait, given in seconds, becomes plans of this slot."""
+    stateful scale in: its wait, given in seconds, becomes plans of this slot;
+    ``aniello-online`` counts its overload window in slots of this length."""
     if name == "liu":
         options.setdefault(
             "scale_in_patience", max(1, math.ceil(scale_in_wait_seconds / slot_seconds - 1e-9))
         )
+    if name == "aniello-online":
+        # Its overload window X_i is in seconds; each plan or observation is one slot.
+        options.setdefault("slot_seconds", slot_seconds)
     return get_strategy(name, **options)
 
 
@@ -198,6 +202,10 @@ def plan_placement(
         or not (headroom_cores >= 0)
     ):
         raise ValueError(f"headroom_cores must be a number >= 0, got {headroom_cores!r}")
+    if not capacity:
+        # No node is connected (its agents all left): there is nowhere to place
+        # anything, and nothing to plan until one is back.
+        return None
     if isinstance(strategy, str):
         strategy = get_strategy(strategy)
     state = build_placement_input(demands, capacity, current, dags=dags, traffic=traffic)

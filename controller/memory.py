@@ -134,6 +134,8 @@ class ControllerMemory:
     caps: dict[InstanceKey, tuple[str, float]] = field(default_factory=dict)
     #: Instances whose cap is held without a report -> the epoch the hold began.
     held_since: dict[InstanceKey, int] = field(default_factory=dict)
+    # The caps the last commit_caps held (its learn keeps their hysteresis state).
+    _held_now: dict[InstanceKey, tuple[str, float]] = field(default_factory=dict, repr=False)
     #: Last measured CPU per tuple of each operator (for operators idle this window).
     kappa: dict[OperatorKey, float] = field(default_factory=dict)
     #: Recent one-step errors of each operator's point forecast (conformal scores),
@@ -194,17 +196,14 @@ class ControllerMemory:
 
     def update(self, result: EpochResult) -> None:
         """Take in one epoch's result; the only writer of this memory."""
+        self.commit_caps(result)
+        self.learn(result)
+
+    def commit_caps(self, result: EpochResult) -> None:
+        """The caps in force after the epoch: its own, and those it held. The
+        first half of :meth:`update`, all a directive needs; the epoch sends its
+        directives before it calls :meth:`learn`."""
         epoch = result.epoch
-        self.kappa.update(result.kappa_measured)
-        if self.sources is not None:
-            for key, (timestamp, value) in result.source_points.items():
-                self.sources.observe(key, timestamp, value)
-            # A source whose instances are all held keeps its series for when
-            # its counters return.
-            self.sources.forget_except(set(result.views) | {k.operator_key for k in result.held})
-        if self.peaks is not None:
-            self.peaks.advance({k: d.cores for k, d in result.demands.items()}, keep=result.held)
-        self._score_forecasts(result)
         # Set operations between dicts reuse the hashes the dicts store; a loop
         # over 20,000 instance keys would hash each again.
         for key in [k for k in self.held_since if k in result.caps]:
@@ -219,6 +218,22 @@ class ControllerMemory:
             else:
                 self.held_since.pop(key, None)
         self.caps = {**held, **result.caps}
+        self._held_now = held
+
+    def learn(self, result: EpochResult) -> None:
+        """What the next epochs start from: CPU per tuple, source series, demand
+        peaks, forecast scores and hysteresis state (after :meth:`commit_caps`)."""
+        self.kappa.update(result.kappa_measured)
+        if self.sources is not None:
+            for key, (timestamp, value) in result.source_points.items():
+                self.sources.observe(key, timestamp, value)
+            # A source whose instances are all held keeps its series for when
+            # its counters return.
+            self.sources.forget_except(set(result.views) | {k.operator_key for k in result.held})
+        if self.peaks is not None:
+            self.peaks.advance({k: d.cores for k, d in result.demands.items()}, keep=result.held)
+        self._score_forecasts(result)
+        held = self._held_now
         hysteresis = {k: s for k, s in self.hysteresis.items() if k in held} if held else {}
         hysteresis.update(zip(result.steps, map(_state, result.steps.values()), strict=True))
         self.hysteresis = hysteresis

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from dsched.dag import topological_order
 from dsched.ids import InstanceKey, OperatorKey
 
 
-@dataclass(frozen=True)
-class InstanceSlot:
-    """One instance over one slot, already differentiated from cumulative counters."""
+class InstanceSlot(NamedTuple):
+    """One instance over one slot, already differentiated from cumulative counters.
+
+    A named tuple rather than a frozen dataclass: ingest makes one per instance
+    per slot (20,000 in a burst at a 1,000-node cluster) and a tuple is made
+    three times faster; it is as immutable, which the evaluate stage's cache
+    of slot values relies on.
+    """
 
     key: InstanceKey
     node: str

@@ -419,7 +419,7 @@ def test_evaluate_equals_the_per_instance_loop(cluster, phi, data):
     assert_views_equal(evaluate(cluster, phi, exclude, rows=rows), want)
     for h in list(cluster.histories.values())[::2]:
         last = h.slots[-1]
-        h.add(InstanceSlot(**{**last.__dict__, "timestamp": last.timestamp + 1, "arrivals": 7}))
+        h.add(last._replace(timestamp=last.timestamp + 1, arrivals=7))
     assert_views_equal(
         evaluate(cluster, phi, exclude, rows=rows), evaluate_scalar(cluster, phi, exclude)
     )
@@ -431,7 +431,7 @@ def test_evaluate_equals_the_per_instance_loop(cluster, phi, data):
     some = next(iter(cluster.histories.values()))
     key = InstanceKey(some.key.app, some.key.operator, 99)
     late = InstanceHistory(key, "n9", "w", False, some.upstream, deque(maxlen=6))
-    late.add(InstanceSlot(**{**some.slots[-1].__dict__, "key": key}))
+    late.add(some.slots[-1]._replace(key=key))
     cluster.histories[key] = late
     for _ in range(2):
         assert_views_equal(
@@ -439,7 +439,7 @@ def test_evaluate_equals_the_per_instance_loop(cluster, phi, data):
         )
         for h in cluster.histories.values():
             last = h.slots[-1]
-            h.add(InstanceSlot(**{**last.__dict__, "timestamp": last.timestamp + 1}))
+            h.add(last._replace(timestamp=last.timestamp + 1))
 
 
 @SETTINGS

@@ -64,8 +64,11 @@ prometheus:
 demo: $(STAMP) $(FLINK_STAMP)
 	$(VENV)/bin/dsched demo --duration $${DURATION:-120}
 
+# Two passes: most tests on two workers, then those marked serial alone
+# (tests/conftest.py says which and why). PYTEST_ARGS reaches both.
 test: $(STAMP) $(FLINK_STAMP) prometheus systemd-tools tmux
-	$(PY) -m pytest $${PYTEST_ARGS:-}
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not serial" $${PYTEST_ARGS:-}
+	$(PY) -m pytest -m serial $${PYTEST_ARGS:-}
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Idsched_pb=proto --python_out=. --grpc_python_out=. --pyi_out=. proto/dsched.proto

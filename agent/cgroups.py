@@ -167,6 +167,7 @@ class CgroupTree:
         # Quota of every dsched root (the node's configured capacity), None: unlimited.
         # Written when a root is made, and on the enforcer's start into those found.
         self.root_limit_cores: float | None = None
+        self._top: Path | None = None  # where /proc's cgroup paths begin (_hierarchy_root)
         # One line for the log: why enforcement works the way it does on this node.
         self.why = why or f"cgroup {self.mode} at {self.mount}"
 
@@ -196,6 +197,17 @@ class CgroupTree:
         return self._inside(
             base / self.root_name / key.app / worker / f"{key.operator}-{key.instance}"
         )
+
+    def find_instance(
+        self, key: InstanceKey, worker: str, roots: list[Path] | None = None
+    ) -> Path | None:
+        """The existing cgroup of an instance, whichever anchor it nests under
+        (``roots``: :meth:`roots`, when the caller looks up many instances)."""
+        for root in self.roots() if roots is None else roots:
+            path = self.instance_path(key, worker, root.parent)
+            if path.is_dir():
+                return path
+        return None
 
     def _inside_or_root(self, path: Path) -> Path:
         resolved = path.resolve()
@@ -240,9 +252,12 @@ class CgroupTree:
         hierarchy (a reservation such as ``/sys/fs/cgroup/cpu/team-a``) while
         the kernel names a thread's cgroup from the hierarchy's top. A tree on
         no cgroup mount (a copy of the kernel's layout) is its own top."""
-        mount = self.mount.resolve()
-        above = [p for p in cgroup_mount_points(self.proc_root) if mount.is_relative_to(p)]
-        return max(above, key=lambda p: len(p.parts)) if above else mount
+        if self._top is None:
+            # Once per backend: a hierarchy is not remounted under a running agent.
+            mount = self.mount.resolve()
+            above = [p for p in cgroup_mount_points(self.proc_root) if mount.is_relative_to(p)]
+            self._top = max(above, key=lambda p: len(p.parts)) if above else mount
+        return self._top
 
     def _own_line(self, text: str) -> str | None:
         """This hierarchy's path in a /proc cgroup file; backends override it."""

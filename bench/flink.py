@@ -553,9 +553,10 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench.flink.sampler", daemon=True)
 
-    def _cgroup_tids(self, ref: Ref) -> tuple[set[int], float | None]:
-        path = self.backend.instance_path(self.job.key(ref), self.job.worker)
-        if not path.is_dir():
+    def _cgroup_tids(self, ref: Ref, roots: list[Path]) -> tuple[set[int], float | None]:
+        # Wherever the agent nested it (under the thread's own cgroup).
+        path = self.backend.find_instance(self.job.key(ref), self.job.worker, roots)
+        if path is None:
             return set(), None
         try:
             tids = set(self.backend.tids(path))
@@ -573,8 +574,9 @@ class Sampler:
         now = time.monotonic() - self.t0
         caps: dict[Ref, float | None] = {}
         in_cgroups = 0
+        roots = self.backend.roots()
         for ref in job.refs():
-            tids, cap = self._cgroup_tids(ref)
+            tids, cap = self._cgroup_tids(ref, roots)
             caps[ref] = cap
             in_cgroups += len(tids)
             # A helper thread counts from the first time it is seen.

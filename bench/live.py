@@ -256,10 +256,11 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench.sampler", daemon=True)
 
-    def _cap(self, inst) -> float | None:
+    def _cap(self, inst, roots: list) -> float | None:
         key = InstanceKey(self.topo.spec.app, inst.spec.name, inst.index)
-        path = self.backend.instance_path(key, inst.worker)
-        return self.backend.read_cap(path) if path.exists() else None
+        # Wherever the agent nested it (under the thread's own cgroup).
+        path = self.backend.find_instance(key, inst.worker, roots)
+        return self.backend.read_cap(path) if path is not None else None
 
     def sample(self) -> None:
         with self._lock:
@@ -269,13 +270,14 @@ class Sampler:
         s = self.samples
         now = time.monotonic() - self.t0
         cpu, caps = {}, {}
+        roots = self.backend.roots()
         for inst in self.topo.all_instances():
             ref = (inst.spec.name, inst.index)
             if inst.native_id is not None:
                 used = thread_cpu_seconds(*inst.cpu_pid_tid)
                 if used is not None:
                     cpu[ref] = used
-            caps[ref] = self._cap(inst)
+            caps[ref] = self._cap(inst, roots)
         s.times.append(now)
         s.cpu.append(cpu)
         s.caps.append(caps)

@@ -6,8 +6,10 @@
 
 :func:`run_epoch` reads the controller's memory through a read-only
 :class:`~controller.memory.MemoryView` and changes nothing; the controller
-then hands the result to :meth:`ControllerMemory.update`, the actuators, the
-decision record (:mod:`controller.record`), the placement loop and the store.
+then commits its caps (:meth:`ControllerMemory.commit_caps`) and the store
+saves them, the actuators send them, and only then does the memory learn from
+the result (:meth:`ControllerMemory.learn`) and the decision record
+(:mod:`controller.record`), the placement loop and the store's log follow.
 docs/architecture.md follows one epoch through these files.
 """
 

@@ -12,6 +12,35 @@ from tests.flink_support import make_cluster_fixture
 
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 
+# Files whose tests measure CPU against caps or latency under load, or compare the
+# whole cgroup tree before and after: `make test` runs them on their own after the
+# rest has run on two workers (pytest-xdist), where a neighbour would skew them.
+SERIAL_FILES = frozenset(
+    {
+        "test_agent_cgroup_v1.py",
+        "test_agent_nesting.py",
+        "test_bench_flink.py",
+        "test_bench_live.py",
+        "test_controller_live.py",
+        "test_demo.py",
+        "test_dry_run_nothing_changes.py",
+        "test_e2e_live.py",
+        "test_flink_agent.py",
+        "test_flink_e2e.py",
+        "test_live_placement_cluster.py",
+        "test_sim_calibration.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SERIAL_FILES:
+            item.add_marker(pytest.mark.serial)
+        elif item.path.name.startswith("test_flink_"):
+            # One worker for the tests that share the session's Flink cluster.
+            item.add_marker(pytest.mark.xdist_group("flink"))
+
 
 def _cgroup_v1_cpu_writable() -> str | None:
     """None when a v1 cpu hierarchy is mounted and writable, else why not."""

@@ -176,6 +176,19 @@ WIDE_COLS = [
 ]
 
 
+# The header keeps the rows in view: gRPC's details run to several lines (the
+# whole error is in --json and `dschedctl status`).
+BRIEF_ERROR_CHARS = 60
+
+
+def _brief(error: str) -> str:
+    """The first clause of an error, at most BRIEF_ERROR_CHARS characters."""
+    first = error.split(";", 1)[0].strip()
+    if len(first) <= BRIEF_ERROR_CHARS:
+        return first
+    return first[: BRIEF_ERROR_CHARS - 1].rstrip() + "…"
+
+
 def frame_lines(state: TopState, width: int | None) -> list[Text]:
     f = state.frame()
     stamp = time.strftime("%H:%M:%S", time.localtime(state.read_at)) if state.read_at else "-"
@@ -189,7 +202,7 @@ def frame_lines(state: TopState, width: int | None) -> list[Text]:
         head = "dsched top"
     out += [Text(s, style="bold") for s in wrap(head, width)]
     if state.error:
-        why = f"controller not reachable at {state.address} ({state.error}); retrying"
+        why = f"controller not reachable at {state.address} ({_brief(state.error)}); retrying"
         out += [Text(s, style="bold red") for s in wrap(why, width)]
     caps = (
         f"caps {f['cap_cores']:.2f} of {f['usable_cores']:.2f} cores  "

@@ -21,7 +21,7 @@ from agent.config import AgentConfig
 from agent.node import NodeAgent
 from dsched.ids import InstanceKey
 from dsched_pb import dsched_pb2 as pb
-from tests.test_agent_support import WorkerThread, unique_root
+from tests.test_agent_support import WorkerThread, empty_and_remove, unique_root, write_control
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
@@ -29,14 +29,6 @@ CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 KEY = InstanceKey("wc", "count", 0)
 WIRE = pb.InstanceKey(app="wc", operator="count", instance=0)
 _names = itertools.count()
-
-
-def _write(path: Path, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
 
 
 def _tids(directory: Path) -> set[int]:
@@ -52,21 +44,6 @@ def _settings(directory: Path) -> dict[str, str]:
     }
 
 
-def _empty_and_remove(directory: Path, mount: Path) -> None:
-    """Threads of ``directory``'s tree back to the top of ``mount``, then the tree goes."""
-    if not directory.exists():
-        return
-    for tasks in directory.rglob("tasks"):
-        for tid in tasks.read_text().split():
-            try:
-                _write(mount / "tasks", tid)
-            except OSError:
-                pass
-    for d in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        d.rmdir()
-    directory.rmdir()
-
-
 @pytest.fixture
 def container(cgroup_v1_cpu: Path) -> Iterator[tuple[Path, Path]]:
     """(cpu cgroup with a 0.5-core quota, cgroup whose cpuacct.usage counts its threads)."""
@@ -75,11 +52,11 @@ def container(cgroup_v1_cpu: Path) -> Iterator[tuple[Path, Path]]:
     pod.mkdir()
     acct = pod
     try:
-        _write(pod / "cpu.cfs_period_us", "100000")
-        _write(pod / "cpu.cfs_quota_us", "50000")
+        write_control(pod / "cpu.cfs_period_us", "100000")
+        write_control(pod / "cpu.cfs_quota_us", "50000")
         # The machine is shared: the container outweighs other work, so a measurement
         # shows what the limits allow, not what the neighbours leave over.
-        _write(pod / "cpu.shares", "262144")
+        write_control(pod / "cpu.shares", "262144")
         if not (pod / "cpuacct.usage").exists():
             if not (CPUACCT / "cpuacct.usage").exists():
                 pytest.skip(f"no cpuacct controller at {pod} or {CPUACCT} to measure usage with")
@@ -87,9 +64,9 @@ def container(cgroup_v1_cpu: Path) -> Iterator[tuple[Path, Path]]:
             acct.mkdir()
         yield pod, acct
     finally:
-        _empty_and_remove(pod, cgroup_v1_cpu)
+        empty_and_remove(pod, cgroup_v1_cpu / "tasks")
         if acct != pod:
-            _empty_and_remove(acct, CPUACCT)
+            empty_and_remove(acct, CPUACCT / "tasks")
     assert not pod.exists() and not acct.exists(), "test left a cgroup behind"
 
 
@@ -119,9 +96,9 @@ def test_a_capped_thread_stays_under_its_containers_limit(container, cgroup_v1_c
     )
     try:
         # Started inside the container, as its runtime would start it.
-        _write(pod / "tasks", str(thread.tid))
+        write_control(pod / "tasks", str(thread.tid))
         if acct != pod:
-            _write(acct / "tasks", str(thread.tid))
+            write_control(acct / "tasks", str(thread.tid))
         pod_settings = _settings(pod)
         top_settings = _settings(cgroup_v1_cpu)
         agent.register("wc", "count", 0, "w1", True, os.getpid(), thread.tid)
@@ -167,7 +144,7 @@ def test_an_unregistered_instance_goes_back_to_its_container(container, cgroup_v
         )
     )
     try:
-        _write(pod / "tasks", str(thread.tid))
+        write_control(pod / "tasks", str(thread.tid))
         agent.register("wc", "count", 0, "w1", True, os.getpid(), thread.tid)
         assert _cap(agent, 1, 0.4).applied == 1
         path = agent.cgroups[KEY]
@@ -193,7 +170,7 @@ def test_an_agent_given_a_subtree_nests_under_the_threads_cgroup(container, cgro
         AgentConfig(node_id="n1", cgroup_mode="v1", cgroup_mount=str(pod), cgroup_root=root)
     )
     try:
-        _write(inner / "tasks", str(thread.tid))
+        write_control(inner / "tasks", str(thread.tid))
         agent.register("wc", "count", 0, "w1", True, os.getpid(), thread.tid)
         ack = _cap(agent, 1, 0.3)
         assert ack.applied == 1, ack

@@ -85,6 +85,31 @@ def release_tree(mount: Path, root_name: str) -> None:
     CgroupV1(mount, root_name).remove_root()
 
 
+def write_control(path: Path, value: str) -> None:
+    """One write(2) of ``value`` to a cgroup control file (the kernel wants one)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def empty_and_remove(directory: Path, top_tasks: Path) -> None:
+    """Every thread of ``directory``'s tree into ``top_tasks``, then the tree goes
+    (bottom-up: rmdir is the only way to remove a cgroup)."""
+    if not directory.exists():
+        return
+    for tasks in directory.rglob("tasks"):
+        for tid in tasks.read_text().split():
+            try:
+                write_control(top_tasks, tid)
+            except OSError:
+                pass  # the thread exited meanwhile
+    for d in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        d.rmdir()
+    directory.rmdir()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.ctl_top import TopState, frame_lines
 from tests.controller_server_support import config, start, stop, wait_until
 from tests.test_ctl_views import APPS, LONG_OP, feed, plan_controller
 
@@ -196,3 +197,19 @@ def test_top_starts_without_a_controller_and_finds_it(tmp_path, pane_factory):
         assert_restored(pane)
     finally:
         stop(c, server)
+
+
+def test_an_unreachable_controller_takes_two_lines_of_the_header_at_most():
+    # gRPC's details run to several clauses; the header keeps their first.
+    error = (
+        "unavailable: failed to connect to all addresses; last error: UNKNOWN: "
+        "unix:/run/dsched/admin.sock: connect failed: No such file or directory"
+    )
+    state = TopState(address="unix:/run/dsched/admin.sock", interval=1.0, error=error)
+    lines = [t.plain for t in frame_lines(state, 80)]
+    why = [line for line in lines if "not reachable" in line or "retrying" in line]
+    assert "failed to connect to all addresses" in " ".join(lines)
+    assert "No such file" not in " ".join(lines)
+    assert 1 <= len(why) <= 2, lines
+    # The whole error stays in the JSON frame.
+    assert state.frame()["error"] == error

@@ -30,21 +30,13 @@ from dsched.ids import InstanceKey
 from dsched_pb import dsched_pb2 as pb
 from testbed.live.cluster import metric_value, scrape
 from tests.controller_server_support import config, start, stop, wait_until
-from tests.test_agent_support import WorkerThread, free_port
+from tests.test_agent_support import WorkerThread, empty_and_remove, free_port, write_control
 
 pytestmark = [pytest.mark.cgroups, pytest.mark.slow]
 
 CGROUPS = Path("/sys/fs/cgroup")
 NODES = ("n1", "n2")
 SPLIT = InstanceKey("wc", "split", 0)  # n1's adopted instance, capped at 0.3
-
-
-def _write(path: Path, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
 
 
 def _read(path: Path) -> str:
@@ -108,20 +100,6 @@ def _fake_resctrl(top: Path) -> Path:
     return mount
 
 
-def _remove_tree(directory: Path, top_tasks: Path) -> None:
-    if not directory.exists():
-        return
-    for tasks in directory.rglob("tasks"):
-        for tid in tasks.read_text().split():
-            try:
-                _write(top_tasks, tid)
-            except OSError:
-                pass
-    for d in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        d.rmdir()
-    directory.rmdir()
-
-
 @pytest.fixture
 def containers(cgroup_v1_cpu: Path) -> Iterator[dict[str, Path]]:
     """One container cgroup per node, 0.9 core each, removed with whatever is inside."""
@@ -131,12 +109,12 @@ def containers(cgroup_v1_cpu: Path) -> Iterator[dict[str, Path]]:
             pod = cgroup_v1_cpu / f"dsched-dry-pod-{node}-{os.getpid()}"
             pod.mkdir()
             made[node] = pod
-            _write(pod / "cpu.cfs_period_us", "100000")
-            _write(pod / "cpu.cfs_quota_us", "90000")
+            write_control(pod / "cpu.cfs_period_us", "100000")
+            write_control(pod / "cpu.cfs_quota_us", "90000")
         yield made
     finally:
         for pod in made.values():
-            _remove_tree(pod, cgroup_v1_cpu / "tasks")
+            empty_and_remove(pod, cgroup_v1_cpu / "tasks")
     assert not any(p.exists() for p in made.values()), "test left a cgroup behind"
 
 
@@ -199,15 +177,15 @@ def test_agents_in_enforce_change_nothing_while_the_controller_is_in_dry_run(
     hellos, reports = _recorded(controller)
     try:
         for node in NODES:
-            _write(containers[node] / "tasks", str(busy[node].tid))
+            write_control(containers[node] / "tasks", str(busy[node].tid))
         # What a previous agent of n1 left: a live capped group and an empty one.
         tree = containers["n1"] / roots["n1"] / "wc" / "w1"
         for group, quota in (("split-0", "30000"), ("count-9", "20000")):
             (tree / group).mkdir(parents=True)
-            _write(tree / group / "cpu.cfs_period_us", "100000")
-            _write(tree / group / "cpu.cfs_quota_us", quota)
-        _write(containers["n1"] / "tasks", str(adopted.tid))
-        _write(tree / "split-0" / "tasks", str(adopted.tid))
+            write_control(tree / group / "cpu.cfs_period_us", "100000")
+            write_control(tree / group / "cpu.cfs_quota_us", quota)
+        write_control(containers["n1"] / "tasks", str(adopted.tid))
+        write_control(tree / "split-0" / "tasks", str(adopted.tid))
         resctrl = [_fake_resctrl(tmp_path / f"resctrl-{node}") for node in NODES]
         names = tuple(roots.values()) + tuple(p.name for p in containers.values())
         before = _snapshot(names, resctrl)

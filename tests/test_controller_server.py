@@ -391,3 +391,47 @@ def test_welcome_carries_the_mode_and_a_mode_change_reaches_connected_agents(tmp
         asyncio.run(scenario())
     finally:
         stop(c, server)
+
+
+def test_a_stream_that_outpaces_the_core_waits_and_loses_no_report(tmp_path):
+    # The core is busy (an epoch holds its lock): reports are handed over without
+    # waiting, but a stream whose previous report is still queued waits for it,
+    # so no queue grows, and every report is taken in once the core is free.
+    c, server = start(config(tmp_path), loop=False)
+
+    async def scenario() -> None:
+        agent = AioAgent(aio_channel(f"127.0.0.1:{server.port}"), "n1")
+        try:
+            assert (await agent.open()).HasField("welcome")
+            held, free = threading.Event(), threading.Event()
+
+            def busy_core() -> None:
+                with c._lock:
+                    held.set()
+                    free.wait(60)
+
+            holder = threading.Thread(target=busy_core)
+            holder.start()
+            await asyncio.to_thread(held.wait, 60)
+            try:
+                for slot in range(1, 6):
+                    agent.send(report("n1", slot, [sample(n=slot * 10)]))
+                deepest = 0
+                for _ in range(50):
+                    deepest = max(deepest, server._agent_pool._work_queue.qsize())
+                    await asyncio.sleep(0.02)
+                assert deepest <= 1, deepest
+                assert metric(c, "dsched_reports_total") == 0
+            finally:
+                free.set()
+                await asyncio.to_thread(holder.join, 60)
+            await asyncio.to_thread(
+                wait_until, lambda: metric(c, "dsched_reports_total") == 5, "all five taken in"
+            )
+        finally:
+            await agent.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        stop(c, server)

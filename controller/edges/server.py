@@ -8,7 +8,9 @@ executor, never on the event loop, which keeps serving streams, admin calls
 and health checks while an epoch runs:
 
 * agent lifecycle and reports go through one worker, in arrival order (a
-  stream's disconnect is handled before the same node's next Hello);
+  stream's disconnect is handled before the same node's next Hello); a report
+  is handed over without waiting for it to be taken in, unless the stream's
+  previous report still waits (then the stream waits for it);
 * admin calls have workers of their own, so they never queue behind reports.
 
 Directives come from the epoch thread and reach a stream through
@@ -45,6 +47,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -353,6 +356,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         self, request_iterator: AsyncIterator[pb.AgentMessage], stream: _AgentStream
     ) -> None:
         node = stream.node
+        # The stream's last report handed to the core, not yet taken in.
+        queued: futures.Future | None = None
         try:
             async for msg in request_iterator:
                 kind = msg.WhichOneof("body")
@@ -367,7 +372,16 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                             f"report for node {msg.report.node_id} on {node}'s stream ignored",
                         )
                         continue
-                    await self.server.agent_call(self.controller.on_report, msg.report)
+                    if queued is not None and not queued.done():
+                        # An agent reports once a slot: a report still queued means
+                        # this one sends faster than the core takes them in, and
+                        # the stream waits (no queue grows without bound).
+                        await asyncio.wrap_future(queued)
+                    # Not awaited: a thousand reports in a burst would each cost
+                    # the loop a wake-up from the worker thread when taken in.
+                    queued = self.server.agent_submit(self.controller.on_report, msg.report)
+                    if queued is None:
+                        return  # the server is stopping
                 elif kind == "ack":
                     if msg.ack.rejected:
                         await self.server.agent_call(self.controller.on_ack, node, msg.ack)
@@ -602,12 +616,17 @@ class ControllerServer:
     async def agent_call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._agent_pool, fn, *args)
 
+    def agent_submit(self, fn: Callable[..., Any], *args: Any) -> futures.Future | None:
+        """Queue ``fn`` behind the agent events already queued (its exceptions are
+        logged); its future, or None when the server is shutting down."""
+        try:
+            return self._agent_pool.submit(_logged(fn), *args)
+        except RuntimeError:
+            return None  # shutting down: the controller stops with the server
+
     def agent_call_later(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn`` behind the agent events already queued; nobody waits for it."""
-        try:
-            self._agent_pool.submit(_logged(fn), *args)
-        except RuntimeError:
-            pass  # shutting down: the controller stops with the server
+        self.agent_submit(fn, *args)
 
     async def admin_call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._admin_pool, fn, *args)

@@ -155,3 +155,20 @@ def aio_channel(target: str, credentials: grpc.ChannelCredentials | None = None)
     if credentials is None:
         return grpc.aio.insecure_channel(target, options=options)
     return grpc.aio.secure_channel(target, credentials, options=options)
+
+
+def run_with_agent(controller: Controller, server: ControllerServer, node: str, scenario) -> None:
+    """Run ``await scenario(agent)`` with one agent stream to ``server`` (not yet
+    opened); the stream closes and the controller and server stop after it."""
+
+    async def main() -> None:
+        agent = AioAgent(aio_channel(f"127.0.0.1:{server.port}"), node)
+        try:
+            await scenario(agent)
+        finally:
+            await agent.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        stop(controller, server)

@@ -18,7 +18,7 @@ from controller.edges.actuators import (
     directive,
 )
 from dsched.ids import InstanceKey
-from tests.controller_server_support import AioAgent, aio_channel, config, start, stop
+from tests.controller_server_support import AioAgent, config, run_with_agent, start
 
 names = st.text(min_size=1, max_size=40)
 keys = st.builds(InstanceKey, names, names, st.integers(-(2**31), 2**31 - 1))
@@ -82,24 +82,17 @@ def test_delivered_when_the_transport_has_stopped():
 def test_an_epoch_waits_until_its_directive_is_on_the_stream(tmp_path):
     c, server = start(config(tmp_path), loop=False)
 
-    async def scenario() -> None:
-        agent = AioAgent(aio_channel(f"127.0.0.1:{server.port}"), "n1")
-        try:
-            assert (await agent.open()).HasField("welcome")
-            key = InstanceKey("wc", "split", 0)
-            res = await asyncio.to_thread(
-                c.cap_actuator.push_caps, 9, {"n1": {key: 0.75}, "gone": {key: 1.0}}, "epoch 9"
-            )
-            assert res.delivered is not None
-            assert await asyncio.to_thread(res.wait_delivered, 30)
-            assert res.sent == {"n1": 1} and res.unreachable == ["gone"]
-            msg = await agent.read()
-            assert msg.directive.epoch == 9
-            assert math.isclose(msg.directive.caps[0].cap_cores, 0.75)
-        finally:
-            await agent.close()
+    async def scenario(agent: AioAgent) -> None:
+        assert (await agent.open()).HasField("welcome")
+        key = InstanceKey("wc", "split", 0)
+        res = await asyncio.to_thread(
+            c.cap_actuator.push_caps, 9, {"n1": {key: 0.75}, "gone": {key: 1.0}}, "epoch 9"
+        )
+        assert res.delivered is not None
+        assert await asyncio.to_thread(res.wait_delivered, 30)
+        assert res.sent == {"n1": 1} and res.unreachable == ["gone"]
+        msg = await agent.read()
+        assert msg.directive.epoch == 9
+        assert math.isclose(msg.directive.caps[0].cap_cores, 0.75)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        stop(c, server)
+    run_with_agent(c, server, "n1", scenario)

@@ -27,6 +27,7 @@ from tests.controller_server_support import (
     config,
     health,
     report,
+    run_with_agent,
     sample,
     start,
     stop,
@@ -371,26 +372,19 @@ def test_the_plan_follows_every_epoch(tmp_path):
 def test_welcome_carries_the_mode_and_a_mode_change_reaches_connected_agents(tmp_path):
     c, server = start(config(tmp_path, mode="dry-run"), loop=False)
 
-    async def scenario() -> None:
-        agent = AioAgent(aio_channel(f"127.0.0.1:{server.port}"), "n1")
-        try:
-            first = await agent.open()
-            assert first.welcome.mode == pb.DRY_RUN
-            await asyncio.to_thread(c.set_mode, "enforce")
-            again = await agent.read()
-            assert again.HasField("welcome") and again.welcome.mode == pb.ENFORCE
-            # The same mode again changes nothing and sends nothing.
-            await asyncio.to_thread(c.set_mode, "enforce")
-            await asyncio.to_thread(c.set_mode, "dry-run")
-            last = await agent.read()
-            assert last.welcome.mode == pb.DRY_RUN
-        finally:
-            await agent.close()
+    async def scenario(agent: AioAgent) -> None:
+        first = await agent.open()
+        assert first.welcome.mode == pb.DRY_RUN
+        await asyncio.to_thread(c.set_mode, "enforce")
+        again = await agent.read()
+        assert again.HasField("welcome") and again.welcome.mode == pb.ENFORCE
+        # The same mode again changes nothing and sends nothing.
+        await asyncio.to_thread(c.set_mode, "enforce")
+        await asyncio.to_thread(c.set_mode, "dry-run")
+        last = await agent.read()
+        assert last.welcome.mode == pb.DRY_RUN
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        stop(c, server)
+    run_with_agent(c, server, "n1", scenario)
 
 
 def test_a_stream_that_outpaces_the_core_waits_and_loses_no_report(tmp_path):
@@ -399,39 +393,32 @@ def test_a_stream_that_outpaces_the_core_waits_and_loses_no_report(tmp_path):
     # so no queue grows, and every report is taken in once the core is free.
     c, server = start(config(tmp_path), loop=False)
 
-    async def scenario() -> None:
-        agent = AioAgent(aio_channel(f"127.0.0.1:{server.port}"), "n1")
+    async def scenario(agent: AioAgent) -> None:
+        assert (await agent.open()).HasField("welcome")
+        held, free = threading.Event(), threading.Event()
+
+        def busy_core() -> None:
+            with c._lock:
+                held.set()
+                free.wait(60)
+
+        holder = threading.Thread(target=busy_core)
+        holder.start()
+        await asyncio.to_thread(held.wait, 60)
         try:
-            assert (await agent.open()).HasField("welcome")
-            held, free = threading.Event(), threading.Event()
-
-            def busy_core() -> None:
-                with c._lock:
-                    held.set()
-                    free.wait(60)
-
-            holder = threading.Thread(target=busy_core)
-            holder.start()
-            await asyncio.to_thread(held.wait, 60)
-            try:
-                for slot in range(1, 6):
-                    agent.send(report("n1", slot, [sample(n=slot * 10)]))
-                deepest = 0
-                for _ in range(50):
-                    deepest = max(deepest, server._agent_pool._work_queue.qsize())
-                    await asyncio.sleep(0.02)
-                assert deepest <= 1, deepest
-                assert metric(c, "dsched_reports_total") == 0
-            finally:
-                free.set()
-                await asyncio.to_thread(holder.join, 60)
-            await asyncio.to_thread(
-                wait_until, lambda: metric(c, "dsched_reports_total") == 5, "all five taken in"
-            )
+            for slot in range(1, 6):
+                agent.send(report("n1", slot, [sample(n=slot * 10)]))
+            deepest = 0
+            for _ in range(50):
+                deepest = max(deepest, server._agent_pool._work_queue.qsize())
+                await asyncio.sleep(0.02)
+            assert deepest <= 1, deepest
+            assert metric(c, "dsched_reports_total") == 0
         finally:
-            await agent.close()
+            free.set()
+            await asyncio.to_thread(holder.join, 60)
+        await asyncio.to_thread(
+            wait_until, lambda: metric(c, "dsched_reports_total") == 5, "all five taken in"
+        )
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        stop(c, server)
+    run_with_agent(c, server, "n1", scenario)

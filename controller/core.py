@@ -193,7 +193,7 @@ class Controller:
             self.epoch,
             config.forget_after_slots,
             sources=SourceHistory(config.arima_history, config.arima_fits_per_epoch)
-            if "arima" in config.predictors
+            if {"arima", "seasonal"} & set(config.predictors)
             else None,
             peaks=DemandPeaks.for_slot(config.stateful_peak_seconds, config.slot_seconds)
             if self.placement is not None

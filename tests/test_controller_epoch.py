@@ -409,3 +409,50 @@ def test_the_epoch_is_pure_and_the_memory_changes_only_in_update(tmp_path, clock
     with pytest.raises(TypeError):
         c.memory.view().hysteresis[next(iter(first.caps))] = None  # read-only
     c.stop()
+
+
+def _source_forecast_errors(tmp_path, clock, predictors, rates):
+    """Drive one app's source through ``rates`` (one per epoch); return, per epoch,
+    (predicted source rate for the next slot, winning predictor)."""
+    c = Controller(config(tmp_path, predictors=predictors), clock=lambda: clock[0])
+    node = SyntheticNode(c)
+    out = []
+    for rate in rates:
+        rec = run(c, node, clock, 1, {"a": float(rate)})
+        src = [o for o in rec["operators"] if o["operator"] == "source"] if rec else []
+        out.append((src[0]["predicted_rate"], src[0]["predictor"]) if src else (None, None))
+    c.stop()
+    return out
+
+
+def test_seasonal_predictor_follows_a_periodic_source_and_beats_the_max_rule(tmp_path, clock):
+    # A period of 12 slots: the trend's maximum overshoots every turn of the
+    # cycle; the seasonal forecast, once it has beaten it for a while, replaces it.
+    period, n = 12, 120
+    rates = [200.0 + 150.0 * math.sin(2 * math.pi * t / period) for t in range(n)]
+    plain = _source_forecast_errors(tmp_path / "plain", [clock[0]], ["linear_trend", "dag"], rates)
+    seasonal = _source_forecast_errors(
+        tmp_path / "seasonal", [clock[0]], ["linear_trend", "dag", "seasonal"], rates
+    )
+    tail = range(n - 36, n - 1)  # forecast at epoch t is for the rate of epoch t + 1
+
+    def mae(run_):
+        return sum(abs(run_[t][0] - rates[t + 1]) for t in tail) / len(tail)
+
+    assert {seasonal[t][1] for t in tail} == {"seasonal"}
+    assert mae(seasonal) < 0.5 * mae(plain), (mae(seasonal), mae(plain))
+
+
+def test_seasonal_predictor_falls_back_without_a_period(tmp_path, clock):
+    import random
+
+    rng = random.Random(7)
+    rates = [rng.choice([60.0, 150.0, 300.0]) for _ in range(80)]
+    plain = _source_forecast_errors(tmp_path / "plain", [clock[0]], ["linear_trend", "dag"], rates)
+    seasonal = _source_forecast_errors(
+        tmp_path / "seasonal", [clock[0]], ["linear_trend", "dag", "seasonal"], rates
+    )
+    used = sum(1 for _, winner in seasonal if winner == "seasonal")
+    assert used <= 8, used  # random levels: the seasonal forecast almost never pays
+    diff = [abs(a[0] - b[0]) for a, b in zip(plain, seasonal, strict=True) if a[0] is not None]
+    assert sum(1 for d in diff if d > 1e-9) == used

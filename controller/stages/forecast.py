@@ -37,13 +37,32 @@ from dsched.ids import OperatorKey
 from dsched.registry import Registry
 from predict.cost import cpu_per_tuple, cpu_per_tuple_many
 from predict.intervals import ConformalBank
-from predict.load import Arima, LinearTrend, combine, linear_trend_many, propagate
+from predict.load import (
+    Arima,
+    Combined,
+    LinearTrend,
+    combine,
+    linear_trend_many,
+    propagate,
+)
+from predict.seasonal import Seasonal
 
 #: Predictor names for the ``predictors`` config key; ``dag`` applies to
-#: non-sources and ``arima`` to sources only.
+#: non-sources, ``arima`` and ``seasonal`` to sources only.
 PREDICTORS: Registry[str] = Registry("predictor", "predictors")
-for _name in ("linear_trend", "dag", "arima"):
+for _name in ("linear_trend", "dag", "arima", "seasonal"):
     PREDICTORS.add(_name, lambda _n=_name: _n)
+
+
+class _GivenForecast:
+    """The fallback a source's :class:`~predict.seasonal.Seasonal` scores itself
+    against: the max of the controller's other predictions for that source this
+    epoch, computed before it is asked for."""
+
+    value = 0.0
+
+    def forecast(self, history, horizon: int = 1) -> np.ndarray:
+        return np.full(horizon, self.value)
 
 
 @dataclass
@@ -84,6 +103,7 @@ class SourceHistory:
         self.arima_options = arima_options
         self.series: dict[OperatorKey, deque[float]] = {}
         self.models: dict[OperatorKey, Arima] = {}
+        self.seasonal_models: dict[OperatorKey, Seasonal] = {}
         self._seen: dict[OperatorKey, float] = {}
 
     def is_new(self, view: OperatorView) -> bool:
@@ -108,6 +128,20 @@ class SourceHistory:
         fc = model.predict(series)
         return float(fc.values[0]) if fc.method == "arima" else None
 
+    def predict_seasonal(self, key: OperatorKey, series: np.ndarray, others: float) -> float | None:
+        """The seasonal forecast of ``key``'s next value when its series has a period
+        and that forecast has beaten ``others`` (the max of the other predictions)
+        over the recent slots; None otherwise. Periods up to half the series
+        (``arima_history`` slots) can be found."""
+        model = self.seasonal_models.get(key)
+        if model is None:
+            model = self.seasonal_models[key] = Seasonal(_GivenForecast())
+        model.fallback.value = others
+        if len(series) == 0:
+            return None
+        fc = model.predict(series)
+        return float(fc.values[0]) if fc.method.startswith("seasonal") else None
+
     # --- updates: only ControllerMemory calls these -------------------------
     def observe(self, key: OperatorKey, timestamp: float, value: float) -> None:
         if self._seen.get(key, -1.0) >= timestamp:
@@ -122,7 +156,7 @@ class SourceHistory:
         self.series[key] = deque([*older, *mine][-self.length :], maxlen=self.length)
 
     def forget_except(self, live: set[OperatorKey]) -> None:
-        for store in (self.series, self.models, self._seen):
+        for store in (self.series, self.models, self.seasonal_models, self._seen):
             for k in set(store) - live:
                 del store[k]
 
@@ -165,6 +199,7 @@ def forecast(
     use_trend = "linear_trend" in predictors
     use_dag = "dag" in predictors
     use_arima = sources is not None and "arima" in predictors
+    use_seasonal = sources is not None and "seasonal" in predictors
     cols = operator_columns(views, phi, use_trend)
     budget = FitBudget(sources.fits_per_epoch if sources is not None else 0)
     result = ForecastResult({})
@@ -183,16 +218,25 @@ def forecast(
         children = {op: [c for c, w in ops.items() if op in w.upstream] for op in ops}
         has_parents = {op for kids in children.values() for op in kids}
         arima: dict[str, float] = {}
+        seasonal: dict[str, float] = {}
         for op, v in ops.items():
             if op in has_parents or sources is None:
                 continue
             if sources.is_new(v):
                 result.source_points[v.key] = (v.last_timestamp, float(v.arrivals[-1]))
+            series = sources.series_with(v) if use_arima or use_seasonal else None
             if use_arima:
-                value = sources.predict(v.key, sources.series_with(v), budget)
+                value = sources.predict(v.key, series, budget)
                 if value is not None:
                     arima[op] = max(0.0, value)
                     own[op] = max(own[op], arima[op])
+            if use_seasonal:
+                # Where the load has a period, its shape predicts the next slot
+                # better than a maximum of trends, which overshoots every turn of
+                # the cycle: the seasonal forecast then replaces the max rule.
+                value = sources.predict_seasonal(v.key, series, own[op])
+                if value is not None:
+                    seasonal[op] = own[op] = max(0.0, value)
         # The max rule is applied along the DAG: a child sees the larger of its
         # own trend and what its parents are predicted to send it.
         from_parents = (
@@ -212,7 +256,11 @@ def forecast(
                 candidates["arima"] = arima[op]
             if op in has_parents and use_dag:
                 candidates["dag"] = from_parents[op]
-            best = combine(candidates)
+            if op in seasonal:
+                candidates["seasonal"] = seasonal[op]
+                best = Combined(seasonal[op], "seasonal", candidates)
+            else:
+                best = combine(candidates)
             kappa = cols.kappa.get(v.key)
             measured = kappa is not None
             if not measured:

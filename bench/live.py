@@ -47,6 +47,8 @@ import numpy as np
 
 from agent.registry import InstanceKey
 from bench.common import print_contenders, write_result
+from controller.config import ControllerConfig
+from controller.qos import QosConfig, default_qos_classes
 from dsched import signals
 from testbed import traces
 from testbed.live import http_monitor as httpmon
@@ -340,6 +342,40 @@ def controller_config(scale: Scale, epoch_seconds: float) -> dict[str, Any]:
         "phi": max(2, round(TREND_SECONDS / epoch_seconds)),
         "predictors": ["linear_trend", "dag"],
         "node_capacity_cores": {"local": scale.capacity_cores},
+    }
+
+
+def controller_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--controller-option`` overrides, with ``--forecast-quantile`` set on every
+    default class (the benchmark's application runs in the default class)."""
+    options = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.controller_option)}
+    if args.forecast_quantile is not None:
+        options["qos"] = {
+            "classes": {
+                name: {
+                    "target_latency_ms": c.target_latency_ms,
+                    "max_violation_ratio": c.max_violation_ratio,
+                    "weight": c.weight,
+                    "forecast_quantile": args.forecast_quantile,
+                }
+                for name, c in default_qos_classes().items()
+            }
+        }
+    return options
+
+
+def sizing(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The latency model, criterion and forecast quantile the dsched contender ran
+    with: the controller's defaults unless overridden."""
+    defaults = ControllerConfig()
+    qos = QosConfig()
+    quantile = qos.classes[qos.default_class].forecast_quantile
+    classes = options.get("qos", {}).get("classes", {})
+    quantile = classes.get(qos.default_class, {}).get("forecast_quantile", quantile)
+    return {
+        "latency_model": options.get("latency_model", defaults.latency_model),
+        "latency_criterion": options.get("latency_criterion", defaults.latency_criterion),
+        "forecast_quantile": quantile,
     }
 
 
@@ -762,6 +798,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KEY=JSON",
         help="override a dsched-controller config key for the dsched contender (repeatable)",
     )
+    p.add_argument(
+        "--forecast-quantile",
+        type=float,
+        metavar="Q",
+        help="size dsched's demand at this quantile of next slot's arrivals (0.5 <= Q < 1; "
+        "the application's class, bronze, otherwise keeps its default 0.5: the point forecast)",
+    )
     p.add_argument("--seed", type=int, default=1, help="trace and data seed")
     p.add_argument(
         "--workdir", type=Path, help="controller and agent state and logs (default: a temp dir)"
@@ -808,6 +851,9 @@ def _check(args: argparse.Namespace) -> tuple[list[str], np.ndarray | None]:
         raise ValueError(f"--cpu-period-us must be in [1000, 1000000], got {args.cpu_period_us}")
     if not 2 <= args.shares <= 262144:
         raise ValueError(f"--shares must be in [2, 262144], got {args.shares}")
+    q = args.forecast_quantile
+    if q is not None and not (math.isfinite(q) and 0.5 <= q < 1):
+        raise ValueError(f"--forecast-quantile must be in [0.5, 1), got {q!r}")
     for option in args.controller_option:
         key, sep, value = option.partition("=")
         try:
@@ -868,7 +914,7 @@ def run(args: argparse.Namespace) -> int:
         args.cpu_period_us,
         args.seed,
         args.cpu,
-        {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.controller_option)},
+        controller_options(args),
         workdir,
         reservation,
         interrupted,
@@ -916,6 +962,7 @@ def run(args: argparse.Namespace) -> int:
             **controller_config(scn.scale, args.epoch_seconds),
             **settings.controller_options,
         },
+        "sizing": sizing(settings.controller_options),
         "scale": {
             "capacity_cores": args.capacity_cores,
             "executors": scn.scale.executors,

@@ -17,7 +17,7 @@ from controller.qos import QosConfig
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
 from dsched.names import InvalidName, check_name
 from dsched.tls import TlsConfig, pem_certificates
-from predict.queueing import WAIT_MODELS
+from predict.queueing import DEFAULT_WAIT_MODEL, WAIT_MODELS
 from spark_stream.config import HistoryConfig
 
 MODES = ("dry-run", "enforce")
@@ -333,16 +333,15 @@ class ControllerConfig:
     # `ggm` (QNA's two-moment G/G/M formula with a correction fitted to simulation),
     # `allen-cunneen` (the seed paper's), `whitt`, `erlang-c` (M/M/M). `kingman` is
     # the one-server case and is refused: operators run several instances.
-    # Default: `allen-cunneen` with latency_criterion = "mean", the decisions the
-    # published live benchmarks measured; `ggm` with `quantile` is the more accurate
-    # model (docs/latency-model.md) and becomes the default once measured live.
-    latency_model: str = "allen-cunneen"
+    # Default: `ggm` (predict.queueing.DEFAULT_WAIT_MODEL), within 1 % of simulation
+    # at the median where Allen-Cunneen is off by 10 % (docs/latency-model.md).
+    latency_model: str = DEFAULT_WAIT_MODEL
     # What meeting a class's latency target means: `quantile` (the 1 -
     # max_violation_ratio quantile of each operator's waiting + service time stays
     # within its share of the target; the violation estimate is the model's tail) or
     # `mean` (the mean does, the seed paper's formulation; violation from an
     # exponential tail of the mean).
-    latency_criterion: str = "mean"
+    latency_criterion: str = "quantile"
     # Squared coefficients of variation of inter-arrival and service times used by
     # the latency model (1.0 = Poisson-like).
     arrival_scv: float = 1.0

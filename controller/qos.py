@@ -66,8 +66,10 @@ class QosClass:
 
 def default_qos_classes() -> dict[str, QosClass]:
     return {
-        "gold": QosClass("gold", 100.0, 0.01, 8.0),
-        "silver": QosClass("silver", 500.0, 0.10, 3.0),
+        # Demand is sized above the point forecast where violations cost most: the
+        # forecast's 0.9 quantile for gold, 0.75 for silver, the point for bronze.
+        "gold": QosClass("gold", 100.0, 0.01, 8.0, forecast_quantile=0.9),
+        "silver": QosClass("silver", 500.0, 0.10, 3.0, forecast_quantile=0.75),
         "bronze": QosClass("bronze", 2000.0, 0.50, 1.0),
     }
 

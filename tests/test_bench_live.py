@@ -121,12 +121,35 @@ def test_unknown_contender_and_equal_without_dsched_are_refused(tmp_path):
         ("--epoch-seconds", "3", "longer than a slot"),
         ("--epoch-seconds", "0", "--epoch-seconds must be a positive number"),
         ("--epoch-seconds", "nan", "--epoch-seconds must be a positive number"),
+        ("--forecast-quantile", "0.3", "--forecast-quantile must be in [0.5, 1)"),
+        ("--forecast-quantile", "1", "--forecast-quantile must be in [0.5, 1)"),
+        ("--forecast-quantile", "nan", "--forecast-quantile must be in [0.5, 1)"),
     ],
 )
 def test_controller_epoch_out_of_range_is_refused(tmp_path, flag, value, says):
     p = _bench("--scenario", "wordcount-random", flag, value, "--json", str(tmp_path / "r.json"))
     assert p.returncode == 2 and says in p.stderr, p.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_forecast_quantile_sets_every_default_class_and_is_recorded():
+    import argparse
+
+    from bench.live import add_arguments, controller_options, sizing
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    base = ["--scenario", "wordcount-random", "--json", "r.json"]
+    plain = controller_options(p.parse_args(base))
+    assert plain == {} and sizing(plain)["forecast_quantile"] == 0.5
+    args = p.parse_args([*base, "--forecast-quantile", "0.75"])
+    options = controller_options(args)
+    assert {c["forecast_quantile"] for c in options["qos"]["classes"].values()} == {0.75}
+    assert sizing(options) == {
+        "latency_model": "ggm",
+        "latency_criterion": "quantile",
+        "forecast_quantile": 0.75,
+    }
 
 
 def test_balanced_vocabulary_spreads_words_evenly_over_count_instances():

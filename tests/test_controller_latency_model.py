@@ -43,10 +43,10 @@ G_G_M = sorted(set(WAIT_MODELS) - {"kingman"})
 
 
 # ------------------------------------------------------------------ config
-def test_the_default_is_the_measured_behaviour_and_the_library_default_is_selectable():
+def test_the_controller_defaults_to_the_library_model_and_the_seed_formulation_is_selectable():
     cfg = ControllerConfig()
-    assert (cfg.latency_model, cfg.latency_criterion) == ("allen-cunneen", "mean")
-    cfg = ControllerConfig(latency_model=DEFAULT_WAIT_MODEL, latency_criterion="quantile")
+    assert (cfg.latency_model, cfg.latency_criterion) == (DEFAULT_WAIT_MODEL, "quantile")
+    cfg = ControllerConfig(latency_model="allen-cunneen", latency_criterion="mean")
     cfg.validate()
 
 

@@ -22,11 +22,11 @@ from tests.test_controller_epoch import config as epoch_config
 
 
 # ------------------------------------------------------------------ config
-def test_default_classes_size_at_the_point_forecast_until_told_otherwise():
+def test_default_classes_size_higher_the_more_a_violation_costs():
     classes = default_qos_classes()
     assert {n: c.forecast_quantile for n, c in classes.items()} == {
-        "gold": 0.5,
-        "silver": 0.5,
+        "gold": 0.9,
+        "silver": 0.75,
         "bronze": 0.5,
     }
     # A class table that does not say sizes at the point forecast.

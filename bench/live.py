@@ -7,6 +7,10 @@ same time-compressed trace are run once per contender, one after another:
 
 - ``dsched``: the real ``dsched-controller`` and ``dsched-agent`` (enforce mode)
   drive the caps;
+- ``ds2``, ``util-target``, ``vpa``, ``err``: the same controller and agent with
+  the config key ``policy`` set to that peer (controller/peers): the peer's
+  published rule sizes the caps, which reach the threads as real cgroup writes
+  through the same agent;
 - ``static-0.7`` / ``static-0.3``: R-Storm's fixed 0.7 / 0.3 core per executor,
   scaled so that ``static-0.7`` adds up to the testbed's capacity;
 - ``equal``: static caps whose per-operator totals equal dsched's mean
@@ -21,8 +25,11 @@ than ``--timeout`` (the paper's 30 s scaled by the slot compression) count as
 failed; after the trace the run waits one timeout for the tuples in flight,
 then drops what is left (counted as failed and lost).
 
-JSON: ``scenario``, ``scale``, ``trace``, ``contenders.<name>`` (metrics and
-per-slot / per-operator series) and ``ratios`` (dsched against the others).
+JSON: ``scenario``, ``scale``, ``trace``, ``qos_class``, ``contenders.<name>``
+(metrics, among them ``violation_slot_share`` and ``meets_target`` against the
+class, and per-slot / per-operator series) and ``ratios`` (dsched against the
+others). ``--plot`` also writes ``<stem>-pareto.png``: CPU allocated against
+the share of slots over the target, one point per contender.
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ import numpy as np
 from agent.registry import InstanceKey
 from bench.common import print_contenders, write_result
 from controller.config import ControllerConfig
-from controller.qos import QosConfig, default_qos_classes
+from controller.peers import PEERS
+from controller.qos import QosClass, QosConfig, default_qos_classes
 from dsched import signals
 from testbed import traces
 from testbed.live import http_monitor as httpmon
@@ -64,7 +72,12 @@ from testbed.live.static import (
 )
 
 SCENARIOS = ("wordcount-regular", "wordcount-random", "http")
-CONTENDERS = ("dsched", "static-0.3", "static-0.7", "equal", "uncapped")
+CONTENDERS = ("dsched", *PEERS, "static-0.3", "static-0.7", "equal", "uncapped")
+# Contenders whose caps come from the controller (and its agent), by sizing policy.
+CONTROLLED = ("dsched", *PEERS)
+# dsched run again at another headroom (``--dsched-headrooms``): dsched-h<cores>.
+HEADROOM_PREFIX = "dsched-h"
+QOS_CLASSES = tuple(default_qos_classes())
 PAPER_SLOT_SECONDS = 10.0
 PAPER_TIMEOUT_SECONDS = 30.0
 # The trace's peak needs this share of static-0.7's caps on the busiest operator.
@@ -77,6 +90,20 @@ TREND_SECONDS = 2.0
 
 class Interrupted(signals.Interrupted):
     """SIGINT / SIGTERM arrived; the run stopped everything it had started."""
+
+
+def policy_of(name: str) -> str | None:
+    """The controller's sizing policy behind contender ``name``; None: static caps."""
+    if name in CONTROLLED:
+        return name
+    if name.startswith(HEADROOM_PREFIX):
+        return "dsched"
+    return None
+
+
+def headroom_of(name: str) -> float | None:
+    """The headroom a ``dsched-h<cores>`` contender runs with, else None."""
+    return float(name.removeprefix(HEADROOM_PREFIX)) if name.startswith(HEADROOM_PREFIX) else None
 
 
 # ---------------------------------------------------------------- topologies
@@ -325,6 +352,8 @@ class RunSettings:
     workdir: Path
     reservation: Reservation
     interrupted: threading.Event
+    # The application's class: its latency target judges every contender.
+    qos: QosClass = field(default_factory=lambda: default_qos_classes()["bronze"])
 
 
 def controller_config(scale: Scale, epoch_seconds: float) -> dict[str, Any]:
@@ -347,19 +376,21 @@ def controller_config(scale: Scale, epoch_seconds: float) -> dict[str, Any]:
 
 def controller_options(args: argparse.Namespace) -> dict[str, Any]:
     """``--controller-option`` overrides, with ``--forecast-quantile`` set on every
-    default class (the benchmark's application runs in the default class)."""
+    default class and ``--qos-class`` as the default class (the benchmark's
+    application runs in the default class)."""
     options = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.controller_option)}
+    qos_class = getattr(args, "qos_class", None)
+    if qos_class is not None and qos_class != QosConfig().default_class:
+        options.setdefault("qos", {})["default_class"] = qos_class
     if args.forecast_quantile is not None:
-        options["qos"] = {
-            "classes": {
-                name: {
-                    "target_latency_ms": c.target_latency_ms,
-                    "max_violation_ratio": c.max_violation_ratio,
-                    "weight": c.weight,
-                    "forecast_quantile": args.forecast_quantile,
-                }
-                for name, c in default_qos_classes().items()
+        options.setdefault("qos", {})["classes"] = {
+            name: {
+                "target_latency_ms": c.target_latency_ms,
+                "max_violation_ratio": c.max_violation_ratio,
+                "weight": c.weight,
+                "forecast_quantile": args.forecast_quantile,
             }
+            for name, c in default_qos_classes().items()
         }
     return options
 
@@ -370,8 +401,11 @@ def sizing(options: Mapping[str, Any]) -> dict[str, Any]:
     defaults = ControllerConfig()
     qos = QosConfig()
     quantile = qos.classes[qos.default_class].forecast_quantile
+    chosen = options.get("qos", {}).get("default_class", qos.default_class)
+    if chosen in qos.classes:
+        quantile = qos.classes[chosen].forecast_quantile
     classes = options.get("qos", {}).get("classes", {})
-    quantile = classes.get(qos.default_class, {}).get("forecast_quantile", quantile)
+    quantile = classes.get(chosen, {}).get("forecast_quantile", quantile)
     return {
         "latency_model": options.get("latency_model", defaults.latency_model),
         "latency_criterion": options.get("latency_criterion", defaults.latency_criterion),
@@ -410,7 +444,9 @@ def run_contender(
     sampler: Sampler | None = None
     try:
         agent_socket = None
-        if name == "dsched":
+        policy = policy_of(name)
+        headroom = headroom_of(name)
+        if policy is not None:
             cluster = LocalCluster(
                 cluster_workdir(settings.workdir / f"{scn.name}-{name}"),
                 mode="enforce",
@@ -418,6 +454,9 @@ def run_contender(
                 controller_config={
                     **controller_config(scn.scale, settings.epoch_seconds),
                     **settings.controller_options,
+                    # Who sizes the caps: dsched's pipeline or a peer's rule.
+                    "policy": policy,
+                    **({} if headroom is None else {"headroom_cores": headroom}),
                 },
                 nodes=[
                     NodeSpec(
@@ -449,7 +488,7 @@ def run_contender(
         )
         topo.start()
         t0 = topo._t0
-        if name == "dsched":
+        if policy is not None:
             # Until the agent's first cap moves them, the instances share the capacity.
             res.place(
                 (i.cpu_pid_tid[1] for i in topo.all_instances()), period, settings.capacity_cores
@@ -482,6 +521,47 @@ def run_contender(
 
 
 # ---------------------------------------------------------------- figures
+
+
+def cap_changes_per_instance_hour(
+    times: list[float], caps: list[Mapping[Any, float | None]], w0: float, w1: float
+) -> float:
+    """Cap writes seen per instance and hour inside the window [w0, w1]: a change is
+    an instance whose cap (read once a second) differs from the previous reading.
+
+    Readings a second apart miss a change undone within the second; the count is
+    a lower bound, the same for every contender."""
+    t = np.asarray(times, dtype=float)
+    refs = {r for c in caps for r in c}
+    hours = max(0.0, min(w1, float(t[-1])) - w0) / 3600 if len(t) else 0.0
+    if not refs or hours <= 0:
+        return 0.0
+    changes = 0
+    for k in range(1, len(t)):
+        if not w0 < t[k] <= w1 + 1e-9:
+            continue
+        before, after = caps[k - 1], caps[k]
+        for r in refs:
+            a, b = before.get(r), after.get(r)
+            if (a is None) != (b is None) or (a is not None and abs(a - b) > 1e-6):
+                changes += 1
+    return changes / len(refs) / hours
+
+
+def slot_violations(
+    latency_ms: list[float | None], done: list[int], trace_slots: int, target_ms: float
+) -> list[bool]:
+    """Per slot judged, whether it violated the class's target: its mean latency is
+    over the target, or it is one of the trace's slots (input arrived all along)
+    and no measured root completed in it. Slots after the trace count only when
+    something completed in them (the drain)."""
+    out = []
+    for i, (lat, n) in enumerate(zip(latency_ms, done, strict=True)):
+        if n:
+            out.append(lat is not None and lat > target_ms)
+        elif i < trace_slots:
+            out.append(True)
+    return out
 
 
 def _percentile(sorted_values: list[float], q: float) -> float | None:
@@ -558,6 +638,10 @@ def summarize(
                     [round(when - w0, 2), round(float(row.get("demand_cores", 0.0)), 4)]
                 )
     moves = sum(len(rec.get("moves", []) or []) for _w, rec in samples.plans.values())
+    # Who made the decisions read: a peer's records carry its name as the predictor.
+    predictors = sorted(
+        {row.get("predictor", "") for _w, rec in samples.plans.values() for row in rec["operators"]}
+    )
 
     # Per-slot series by completion time, from the start of the trace.
     slot = settings.slot_seconds
@@ -570,6 +654,14 @@ def summarize(
         round(1000 * float(s / c), 2) if c else None
         for s, c in zip(lat_sum, per_slot_done, strict=True)
     ]
+    qos = settings.qos
+    judged = slot_violations(
+        per_slot_lat,
+        per_slot_done.tolist(),
+        max(1, round(settings.duration / slot)),
+        qos.target_latency_ms,
+    )
+    violation_share = sum(judged) / len(judged) if judged else 0.0
     return {
         "latency_ms_mean": round(1000 * float(np.mean(latencies)), 3) if len(latencies) else None,
         "latency_ms_p99": round(1000 * _percentile(lat_sorted, 0.99), 3) if lat_sorted else None,
@@ -582,6 +674,14 @@ def summarize(
         "cpu_allocated_core_seconds": round(alloc_total, 3),
         "cpu_used_core_seconds": round(used_total, 3),
         "cpu_window_seconds": round(window, 3),
+        "cap_changes_per_instance_hour": round(
+            cap_changes_per_instance_hour(samples.times, samples.caps, w0, w1), 2
+        ),
+        # Slots whose mean latency is over the class's target, and whether that
+        # share is within the violations the class tolerates.
+        "violation_slot_share": round(violation_share, 4),
+        "meets_target": bool(violation_share <= qos.max_violation_ratio),
+        "policy": policy_of(name),
         "allocated_cores_mean_by_operator": {
             o: round(v / window, 4) if window else 0.0 for o, v in alloc_by_op.items()
         },
@@ -590,6 +690,7 @@ def summarize(
         "nodes_mean": 1.0,
         "migrations": moves,
         "decisions": len(samples.plans),
+        "decision_predictors": predictors,
         "series": {
             "slot_seconds": slot,
             "throughput_tuples": [int(x) for x in per_slot_done - per_slot_late],
@@ -723,7 +824,82 @@ def plot(doc: dict[str, Any], path: Path) -> list[Path]:
         fig.savefig(alloc, dpi=90)
         plt.close(fig)
         written.append(alloc)
+    written.append(plot_pareto(doc, path.with_name(path.stem + "-pareto" + path.suffix)))
     return written
+
+
+def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
+    """The names whose (cost, violation) no other point beats in both (ties kept),
+    by cost."""
+    front = []
+    for name, (x, y) in points.items():
+        beaten = any(
+            (ox <= x and oy <= y) and (ox < x or oy < y)
+            for other, (ox, oy) in points.items()
+            if other != name
+        )
+        if not beaten:
+            front.append(name)
+    return sorted(front, key=lambda n: points[n])
+
+
+def plot_pareto(doc: dict[str, Any], path: Path) -> Path:
+    """CPU allocated against the share of slots over the class's target, one point
+    per contender, the non-dominated ones joined: is dsched on the frontier?"""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = {
+        name: (float(c["cpu_allocated_core_seconds"]), float(c["violation_slot_share"]))
+        for name, c in doc["contenders"].items()
+    }
+    front = pareto_front(points)
+    qos = doc["qos_class"]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for name, (x, y) in points.items():
+        policy = doc["contenders"][name].get("policy")
+        ax.scatter(
+            [x],
+            [y],
+            marker="s" if policy is None else "o",
+            # dsched (at any headroom) red, the peers blue, static caps grey.
+            color={None: "tab:grey", "dsched": "tab:red"}.get(policy, "tab:blue"),
+            zorder=3,
+        )
+    # Contenders on the same point (static caps of the same size) share one label.
+    labels: dict[tuple[float, float], list[str]] = {}
+    for name, (x, y) in points.items():
+        labels.setdefault((round(x, 3), round(y, 4)), []).append(name)
+    # Neighbours' labels take turns above and below, so close points stay legible.
+    for i, ((x, y), names) in enumerate(sorted(labels.items())):
+        ax.annotate(
+            ", ".join(names),
+            (x, y),
+            textcoords="offset points",
+            xytext=(4, (6, 16, -12)[i % 3]),
+            fontsize=8,
+        )
+    if front:
+        fx, fy = zip(*(points[n] for n in front), strict=True)
+        ax.step(fx, fy, where="post", color="black", linewidth=0.8)
+        ax.scatter(fx, fy, s=140, facecolors="none", edgecolors="black", label="frontier", zorder=4)
+    ax.axhline(
+        qos["max_violation_ratio"],
+        linestyle="--",
+        color="tab:orange",
+        label=f"{qos['name']}: at most {qos['max_violation_ratio']:g} of slots",
+    )
+    ax.set_xlabel("CPU allocated, core-seconds")
+    ax.set_ylabel(f"share of slots with mean latency > {qos['target_latency_ms']:g} ms")
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_title(f"{doc['scenario']}: CPU against violations ({qos['name']} class)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 # ---------------------------------------------------------------- command
@@ -796,7 +972,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=JSON",
-        help="override a dsched-controller config key for the dsched contender (repeatable)",
+        help="override a dsched-controller config key for the contenders the controller "
+        "drives, dsched and the peers (repeatable; `policy` is each contender's own)",
     )
     p.add_argument(
         "--forecast-quantile",
@@ -804,6 +981,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="Q",
         help="size dsched's demand at this quantile of next slot's arrivals (0.5 <= Q < 1; "
         "the application's class, bronze, otherwise keeps its default 0.5: the point forecast)",
+    )
+    p.add_argument(
+        "--qos-class",
+        choices=QOS_CLASSES,
+        default=QosConfig().default_class,
+        help="the application's QoS class: every contender is judged against its latency "
+        "target and violation bound, and the controlled contenders size for it "
+        "(default bronze, the controller's default class)",
+    )
+    p.add_argument(
+        "--dsched-headrooms",
+        default="",
+        metavar="H,H,...",
+        help="also run dsched with these headroom_cores values (contenders dsched-h<H>, "
+        "after dsched): points of dsched's CPU / violation trade-off on the Pareto plot",
     )
     p.add_argument("--seed", type=int, default=1, help="trace and data seed")
     p.add_argument(
@@ -868,7 +1060,30 @@ def _check(args: argparse.Namespace) -> tuple[list[str], np.ndarray | None]:
             f"the live benchmark needs a writable cgroup v1 cpu controller at {CGROUP_V1_CPU}"
         )
     order = sorted(names, key=CONTENDERS.index)  # dsched first: equal copies it
-    return order, levels
+    variants = headroom_contenders(args.dsched_headrooms, args.capacity_cores)
+    at = order.index("dsched") + 1 if "dsched" in order else 0
+    return order[:at] + variants + order[at:], levels
+
+
+def headroom_contenders(text: str, capacity_cores: float) -> list[str]:
+    """``--dsched-headrooms`` as contender names, each a number in [0, capacity)."""
+    out: list[str] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and 0 <= value < capacity_cores):
+            raise ValueError(
+                f"--dsched-headrooms: {part!r} must be a number of cores in [0, {capacity_cores:g})"
+            )
+        name = f"{HEADROOM_PREFIX}{value:g}"
+        if name in out:
+            raise ValueError(f"--dsched-headrooms: {part!r} listed twice")
+        out.append(name)
+    return out
 
 
 def build_scenario(args: argparse.Namespace, levels: np.ndarray | None) -> Scenario:
@@ -918,6 +1133,7 @@ def run(args: argparse.Namespace) -> int:
         workdir,
         reservation,
         interrupted,
+        default_qos_classes()[args.qos_class],
     )
     console.print(
         f"bench live: {scn.name}, {duration:g} s per contender, slot {args.slot_seconds:g} s, timeout "
@@ -938,7 +1154,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(
                 f"  {name}: latency mean {c['latency_ms_mean']} ms p99 {c['latency_ms_p99']} ms, "
                 f"acked {c['throughput_tuples']}, failed {c['failed']}, lost {c['lost']}, "
-                f"CPU allocated {c['cpu_allocated_core_seconds']:.1f} used {c['cpu_used_core_seconds']:.1f} core-s"
+                f"CPU allocated {c['cpu_allocated_core_seconds']:.1f} used {c['cpu_used_core_seconds']:.1f} core-s, "
+                f"slots over target {c['violation_slot_share']:.2f}"
             )
     except signals.Interrupted:
         console.print("[yellow]interrupted: every worker stopped, cgroups removed[/]")
@@ -963,6 +1180,7 @@ def run(args: argparse.Namespace) -> int:
             **settings.controller_options,
         },
         "sizing": sizing(settings.controller_options),
+        "qos_class": dataclasses.asdict(settings.qos),
         "scale": {
             "capacity_cores": args.capacity_cores,
             "executors": scn.scale.executors,
@@ -1000,6 +1218,9 @@ def _print_table(console, doc: dict[str, Any]) -> None:
         "lost",
         "cpu_allocated_core_seconds",
         "cpu_used_core_seconds",
+        "cap_changes_per_instance_hour",
+        "violation_slot_share",
+        "meets_target",
     )
     print_contenders(console, f"live {doc['scenario']}", doc, cols)
     console.print(f"done means: {doc['done_means']}")

@@ -301,6 +301,14 @@ class ControllerConfig:
     # Strategy names (one interface per decision): `qos-dp` divides CPU by QoS
     # class with the dynamic program, `demand` grants demand and scales nodes down.
     allocator: str = "qos-dp"
+    # Who sizes the caps: `dsched` (forecast, demand, the allocator above and
+    # hysteresis) or a peer whose published rule replaces those stages, over the
+    # same views and through the same agents: `ds2` (target rate over true
+    # processing rate), `util-target` (busy time at 0.7 of the cap, Flink
+    # autoscaler's stabilisation window), `vpa` (0.9 percentile of a decaying usage
+    # histogram plus 15 %), `err` (fixed threads per QoS class). For comparisons;
+    # docs/live-benchmark.md ("Peers") says how each maps onto caps.
+    policy: str = "dsched"
     # Who carries out caps in enforce mode: `agents` (CapDirectives down the
     # agents' streams) or `log-only`. Dry-run always logs only.
     cap_actuator: str = "agents"
@@ -409,12 +417,14 @@ class ControllerConfig:
         require(self.backlog_drain_slots > 0, "backlog_drain_slots", "must be positive")
         require(self.forget_after_slots >= 1, "forget_after_slots", "must be >= 1")
         from controller.edges.actuators import CAP_ACTUATORS
+        from controller.peers import POLICIES
         from controller.placement import STRATEGIES, get_strategy
         from controller.placement.migration import MOVE_ACTUATORS
         from controller.stages.allocation import ALLOCATORS
         from controller.stages.forecast import PREDICTORS
 
         ALLOCATORS.check(self.allocator)
+        POLICIES.check(self.policy)
         CAP_ACTUATORS.check(self.cap_actuator)
         MOVE_ACTUATORS.check(self.move_actuator)
         require(bool(self.predictors), "predictors", "at least one predictor is needed")

@@ -147,7 +147,14 @@ def run_epoch(
     config: ControllerConfig,
     allocator: Allocator,
 ) -> EpochResult:
-    """Forecast, demand, allocation, hysteresis and caps for one epoch. Pure."""
+    """Forecast, demand, allocation, hysteresis and caps for one epoch. Pure.
+
+    Under a peer sizing policy (config key ``policy``) the peer's rule takes the
+    place of all four (controller/peers)."""
+    if config.policy != "dsched":
+        from controller.peers.epoch import run_peer_epoch
+
+        return run_peer_epoch(inputs, memory, config)
     cfg = config
     views, classes, capacity = inputs.views, inputs.classes, inputs.capacity
     t0 = _now()

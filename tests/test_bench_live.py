@@ -334,3 +334,203 @@ def test_http_monitor_refuses_bad_lines_and_unknown_costs():
         hm.parse_line("10.1.2 DE as3320 GET / 200")
     with pytest.raises(ValueError, match="costs_ms"):
         hm.http_monitor(costs_ms={"sink": 1.0})
+
+
+# ---------------------------------------------------------------- peers
+
+
+def test_peers_are_contenders_after_dsched():
+    from controller.peers import PEERS
+
+    assert CONTENDERS[0] == "dsched" and set(PEERS) <= set(CONTENDERS)
+    assert CONTENDERS.index("equal") > max(CONTENDERS.index(p) for p in PEERS)
+
+
+def test_cap_changes_count_each_instance_whose_cap_moved_inside_the_window():
+    from bench.live import cap_changes_per_instance_hour
+
+    a, b = ("split", 0), ("split", 1)
+    times = [0.0, 1.0, 2.0, 3.0, 4.0]
+    caps = [
+        {a: None, b: 0.2},
+        {a: 0.1, b: 0.2},  # at 1 s: before the window
+        {a: 0.2, b: 0.2},  # one change
+        {a: 0.2, b: 0.3},  # one change
+        {a: 0.2, b: 0.3},
+    ]
+    # Window [1.5, 4]: 2 changes over 2 instances and 2.5 s.
+    assert cap_changes_per_instance_hour(times, caps, 1.5, 4.0) == pytest.approx(
+        2 / 2 / (2.5 / 3600)
+    )
+    assert cap_changes_per_instance_hour(times, [{a: 0.5}] * 5, 0.0, 4.0) == 0.0
+    assert cap_changes_per_instance_hour([], [], 0.0, 4.0) == 0.0
+
+
+def test_violation_slots_count_late_slots_and_trace_slots_where_nothing_completed():
+    from bench.live import slot_violations
+
+    judged = slot_violations(
+        [100.0, 2500.0, None, 1900.0, None], [10, 5, 0, 3, 0], trace_slots=4, target_ms=2000.0
+    )
+    # slot 2: input flowed, nothing completed; slot 4: after the trace, empty: not judged.
+    assert judged == [False, True, True, False]
+
+
+def test_pareto_front_keeps_the_points_nothing_beats():
+    from bench.live import pareto_front
+
+    points = {"dsched": (70.0, 0.1), "static-0.7": (128.0, 0.0), "equal": (70.0, 0.5)}
+    points |= {"vpa": (90.0, 0.2), "ds2": (60.0, 0.6)}
+    assert pareto_front(points) == ["ds2", "dsched", "static-0.7"]
+
+
+def test_qos_class_sets_the_default_class_and_its_forecast_quantile():
+    import argparse
+
+    from bench.live import add_arguments, controller_options, sizing
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    base = ["--scenario", "wordcount-random", "--json", "r.json"]
+    assert p.parse_args(base).qos_class == "bronze"
+    gold = controller_options(p.parse_args([*base, "--qos-class", "gold"]))
+    assert gold == {"qos": {"default_class": "gold"}}
+    assert sizing(gold)["forecast_quantile"] == 0.9
+    both = controller_options(
+        p.parse_args([*base, "--qos-class", "silver", "--forecast-quantile", "0.6"])
+    )
+    assert both["qos"]["default_class"] == "silver" and sizing(both)["forecast_quantile"] == 0.6
+
+
+def test_unknown_qos_class_is_refused_before_anything_starts(tmp_path):
+    text = _refused_before_anything_starts(
+        tmp_path, "--scenario", "http", "--qos-class", "platinum"
+    )
+    assert "--qos-class" in text and "platinum" in text
+
+
+def test_pareto_plot_marks_every_contender(tmp_path):
+    from bench.live import plot_pareto
+
+    doc = {
+        "scenario": "wordcount-regular",
+        "qos_class": {"name": "bronze", "target_latency_ms": 2000.0, "max_violation_ratio": 0.5},
+        "contenders": {
+            "dsched": {
+                "cpu_allocated_core_seconds": 70.0,
+                "violation_slot_share": 0.1,
+                "policy": "dsched",
+            },
+            "vpa": {
+                "cpu_allocated_core_seconds": 90.0,
+                "violation_slot_share": 0.2,
+                "policy": "vpa",
+            },
+            "static-0.7": {
+                "cpu_allocated_core_seconds": 128.0,
+                "violation_slot_share": 0.0,
+                "policy": None,
+            },
+        },
+    }
+    out = plot_pareto(doc, tmp_path / "p.png")
+    assert out.stat().st_size > 0
+
+
+PEER_KEYS = (
+    "cpu_allocated_core_seconds",
+    "throughput_tuples",
+    "lost",
+    "failed",
+    "latency_ms_mean",
+    "latency_ms_p99",
+    "cap_changes_per_instance_hour",
+    "violation_slot_share",
+    "meets_target",
+)
+
+
+def test_smoke_peers_drive_real_caps_side_by_side_with_dsched(tmp_path, cgroup_v1_cpu):
+    """Every peer through the real controller and agent: caps in the agent's cgroups,
+    decisions recorded under the peer's name, nothing lost."""
+    from controller.peers import PEERS
+
+    out, png = tmp_path / "live.json", tmp_path / "live.png"
+    names = ["dsched", *PEERS, "static-0.7"]
+    p = subprocess.run(
+        [
+            DSCHED,
+            "bench",
+            "live",
+            "--scenario",
+            "wordcount-regular",
+            "--duration",
+            "8",
+            "--warmup",
+            "2",
+            "--contenders",
+            ",".join(names),
+            "--dsched-headrooms",
+            "0.3",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    assert list(doc["contenders"]) == ["dsched", "dsched-h0.3", *names[1:]]
+    assert doc["contenders"]["dsched-h0.3"]["policy"] == "dsched"
+    assert doc["qos_class"]["name"] == "bronze"
+    for name, c in doc["contenders"].items():
+        assert set(PEER_KEYS) <= set(c), name
+        assert c["lost"] == 0, (name, c["lost"])
+        assert c["completed"] > 0 and c["duplicated"] == 0, name
+        assert 0.0 <= c["violation_slot_share"] <= 1.0, name
+        assert c["meets_target"] == (
+            c["violation_slot_share"] <= doc["qos_class"]["max_violation_ratio"]
+        ), name
+        assert c["cap_changes_per_instance_hour"] >= 0, name
+    for name in ("dsched", *PEERS):
+        c = doc["contenders"][name]
+        assert c["policy"] == name and c["decisions"] >= 1, name
+        if name != "dsched":
+            # The controller's decision records say the peer sized the caps.
+            assert c["decision_predictors"] == [name], (name, c["decision_predictors"])
+        # The controller's caps reached the instances' cgroups through the agent.
+        assert any(v > 0 for v in c["allocated_cores_mean_by_operator"].values()), name
+        assert c["cpu_allocated_core_seconds"] <= 1.6 * c["cpu_window_seconds"] + 1e-6, name
+    # Static caps never move; the adaptive peers' do.
+    assert doc["contenders"]["static-0.7"]["cap_changes_per_instance_hour"] == 0
+    assert any(doc["contenders"][n]["cap_changes_per_instance_hour"] > 0 for n in ("ds2", "vpa"))
+    assert png.with_name("live-pareto.png").stat().st_size > 0
+    assert not list(CPU.glob("dsched-live-*/testbed/wordcount"))
+
+
+def test_dsched_headrooms_become_contenders_after_dsched():
+    from bench.live import headroom_contenders, headroom_of, policy_of
+
+    assert headroom_contenders("0.05, 0.2,0.4", 1.6) == [
+        "dsched-h0.05",
+        "dsched-h0.2",
+        "dsched-h0.4",
+    ]
+    assert headroom_contenders("", 1.6) == []
+    assert policy_of("dsched-h0.2") == "dsched" and headroom_of("dsched-h0.2") == 0.2
+    assert policy_of("vpa") == "vpa" and policy_of("static-0.7") is None
+    for bad in ("-0.1", "1.6", "nan", "lots", "0.2,0.2"):
+        with pytest.raises(ValueError, match="--dsched-headrooms"):
+            headroom_contenders(bad, 1.6)
+
+
+def test_bad_dsched_headroom_is_refused_before_anything_starts(tmp_path):
+    text = _refused_before_anything_starts(
+        tmp_path, "--scenario", "http", "--dsched-headrooms", "0.1,9"
+    )
+    assert "--dsched-headrooms" in text

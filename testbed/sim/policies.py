@@ -20,6 +20,10 @@ baselines are the policies users would otherwise pick:
   scale-downs; uncapped.
 * ``vpa`` -- Kubernetes-VPA-like caps: p90 of a decaying histogram of usage
   (half-life 6 epochs) plus a 15 % margin.
+
+The rules themselves (true processing rate, stabilisation window, decaying
+histogram, ERR's threads per class) are shared with the live controller's
+sizing policies: controller/peers/rules.py.
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ from typing import Protocol
 
 import numpy as np
 
+from controller.peers import rules
+from controller.peers.rules import ERR_THREADS
 from testbed.sim.agents import CLOCK_BASE, SimAgents
 from testbed.sim.engine import UNCAPPED, ClusterSim
-
-ERR_THREADS = {"gold": 8, "silver": 4, "bronze": 2}
 
 
 @dataclass
@@ -94,7 +98,9 @@ class ErrPolicy:
         return max(self.threads.values())
 
     def setup(self, sim: ClusterSim) -> None:
-        par = np.array([self.threads[sim.sc.apps[a].qos_class] for a in sim.op_app])
+        par = np.array(
+            [rules.err_threads(sim.sc.apps[a].qos_class, self.threads) for a in sim.op_app]
+        )
         round_robin_layout(sim, par)
 
     def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
@@ -164,10 +170,9 @@ class Ds2Policy:
         done = obs.executed.reshape(sim.n_ops, P).sum(axis=1)
         k = sim.op_k
         # True processing rate per instance: messages per second of useful time.
-        true_rate = np.where(busy > 0, done / np.maximum(busy, 1e-12), np.inf)
+        true_rate = rules.true_processing_rate(done, busy)
         target = obs.source_rate[sim.op_app]
-        want = np.where(np.isfinite(true_rate), np.ceil(target / np.maximum(true_rate, 1e-12)), k)
-        want = np.clip(want, 1, P).astype(int)
+        want = np.clip(np.ceil(rules.ds2_ratio(target, true_rate, k)), 1, P).astype(int)
         rescale(sim, want, obs)
 
 
@@ -189,14 +194,10 @@ class UtilTargetPolicy:
         P = sim.max_par
         k = sim.op_k.copy()
         busy = obs.busy_ratio.reshape(sim.n_ops, P).sum(axis=1)  # busy instances' sum
-        want = np.clip(np.ceil(busy / self.target), 1, P).astype(int)
-        self._below = np.where(want < k, self._below + 1, 0)
-        stable = obs.epoch - self._last_change >= self.window
-        up = (want > k) & stable
-        down = (want < k) & stable & (self._below >= self.window)
-        new = np.where(up | down, want, k)
-        self._last_change = np.where(new != k, obs.epoch, self._last_change)
-        rescale(sim, new, obs)
+        want = np.clip(np.ceil(rules.util_target_want(busy, self.target)), 1, P).astype(int)
+        s = rules.stabilise(want, k, obs.epoch, self._last_change, self._below, self.window)
+        self._last_change, self._below = s.last_change, s.below
+        rescale(sim, s.value, obs)
 
 
 def rescale(sim: ClusterSim, want: np.ndarray, obs: EpochObservation) -> None:
@@ -229,15 +230,12 @@ class VpaPolicy:
         self._hist = np.zeros((sim.n_inst, len(self.buckets)))
 
     def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
-        decay = 0.5 ** (1.0 / self.half_life_epochs)
-        self._hist *= decay
-        b = np.clip(np.searchsorted(self.buckets, obs.usage_cores), 0, len(self.buckets) - 1)
-        self._hist[np.arange(sim.n_inst), b] += 1.0
+        decay = rules.decay_per_epoch(self.half_life_epochs)
+        self._hist = rules.histogram_add(self._hist, obs.usage_cores, self.buckets, decay)
         inst = np.flatnonzero(sim.active)
-        cum = np.cumsum(self._hist[inst], axis=1)
-        tot = cum[:, -1:]
-        idx = np.argmax(cum >= self.percentile * np.maximum(tot, 1e-12), axis=1)
-        rec = np.maximum(self.buckets[idx] * (1.0 + self.margin), self.floor_cores)
+        rec = rules.vpa_recommendation(
+            self._hist[inst], self.buckets, self.percentile, self.margin, self.floor_cores
+        )
         sim.set_caps(inst, rec)
 
 

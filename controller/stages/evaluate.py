@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from controller.model import InstanceHistory
+from controller.model import InstanceHistory, InstanceSlot
 from dsched.ids import InstanceKey, OperatorKey
 
 
@@ -66,27 +66,100 @@ class Observed(Protocol):
     histories: Mapping[InstanceKey, InstanceHistory]
 
 
-# What the views take from every slot of the window, and from the newest slot only.
+# What the views take from every slot of the window, and from the newest slot
+# only: the numeric fields of an InstanceSlot from ``timestamp`` to
+# ``service_seconds``, which lie side by side in the tuple, so a slot's values
+# are read with one slice (a third less time than ten attribute reads).
 _WINDOW_FIELDS = (
+    "timestamp",
     "seconds",
     "arrivals",
     "executed",
     "emitted",
     "cpu_seconds",
     "queue_length",
-    "service_seconds",
-    # Needed of the newest slot only; read with the rest, as each slot is read once.
     "latency_sum_seconds",
     "latency_count",
-    "timestamp",
+    "service_seconds",
 )
-_window_of = attrgetter(*_WINDOW_FIELDS)
 _WIDTH = len(_WINDOW_FIELDS)
+_FIRST = InstanceSlot._fields.index(_WINDOW_FIELDS[0])
+if InstanceSlot._fields[_FIRST : _FIRST + _WIDTH] != _WINDOW_FIELDS:  # pragma: no cover
+    raise ImportError("InstanceSlot's numeric fields are no longer side by side")
+_window_of = itemgetter(slice(_FIRST, _FIRST + _WIDTH))
+(
+    _TIMESTAMP,
+    _SECONDS,
+    _ARRIVALS,
+    _EXECUTED,
+    _EMITTED,
+    _CPU,
+    _QUEUE,
+    _LATENCY_SUM,
+    _LATENCY_COUNT,
+    _SERVICE,
+) = range(_WIDTH)
+# The fields summed per (operator, slot), in the order of the sums below.
+_SUMMED = (_SECONDS, _ARRIVALS, _EXECUTED, _EMITTED, _CPU, _QUEUE)
+
+
+@dataclass
+class _Layout:
+    """The instances evaluate works on, in key order, and their operators.
+
+    Sorting 20,000 histories by key and finding where each operator's run
+    starts cost as much as the arithmetic; the set of instances changes
+    rarely, so this is kept while the histories given are the very objects of
+    the last call, in the same order (a key never changes on a history).
+    """
+
+    given: list  # the histories as given (held: their identities are the check)
+    hists: list  # sorted by key
+    keys: list[InstanceKey]
+    first: list[int]  # index of each operator's first instance
+    starts: np.ndarray
+    ends: np.ndarray
+    per_op: np.ndarray  # instances per operator
+    op_of: np.ndarray  # operator of each instance
+    ops: list[OperatorKey]
+    #: Each operator's ``nodes`` mapping for ``node_list`` (copied out: views are the caller's).
+    node_list: list[str] = field(default_factory=list)
+    nodes: list[dict[InstanceKey, str]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, given: list) -> _Layout:
+        hists = sorted(given, key=_key_of)
+        keys = list(map(_key_of, hists))
+        first = [0] + [
+            i
+            for i, (a, b) in enumerate(zip(keys, keys[1:], strict=False), start=1)
+            if a.app != b.app or a.operator != b.operator
+        ]
+        starts = np.asarray(first)
+        ends = np.append(starts[1:], len(hists))
+        per_op = ends - starts
+        op_of = np.repeat(np.arange(len(first)), per_op)
+        ops = [OperatorKey(keys[s].app, keys[s].operator) for s in first]
+        return cls(given, hists, keys, first, starts, ends, per_op, op_of, ops)
+
+    def same(self, given: list) -> bool:
+        return len(given) == len(self.given) and all(map(is_, given, self.given))
+
+    def nodes_by_op(self) -> list[dict[InstanceKey, str]]:
+        """Each operator's instance -> node, as the histories say now."""
+        node_list = list(map(_node_of, self.hists))
+        if node_list != self.node_list or len(self.nodes) != len(self.first):
+            keys = self.keys
+            bounds = zip(self.first, self.ends.tolist(), strict=True)
+            self.nodes = [dict(zip(keys[s:e], node_list[s:e], strict=True)) for s, e in bounds]
+            self.node_list = node_list
+        return [d.copy() for d in self.nodes]
 
 
 @dataclass
 class SlotRows:
-    """Each instance's slot values as read in the last epoch.
+    """Each instance's slot values as read in the last epoch, and the order of
+    the instances (:class:`_Layout`).
 
     Reading a field of a slot object costs more than all the arithmetic done
     on it (20,000 instances' slots lie all over memory), and a slot stays in
@@ -96,6 +169,8 @@ class SlotRows:
     Which case applies is decided by identity: the history objects must be the
     very ones of the last call, in the same order, and the newest slot seen
     then must now sit just before the end (or still at it, with nothing new).
+    ``rows`` is as deep as the deques may grow (rows right-aligned, the unused
+    left part zero), so the first epochs after a start shift too.
     Slots are frozen and histories only append, so a cached value is always
     the one the slot holds. Anything else is read afresh. It changes how fast
     the views are made, never their values.
@@ -106,19 +181,31 @@ class SlotRows:
     lengths: list[int] = field(default_factory=list)
     # rows[i, depth - k:] are instance i's k slots, oldest first, right-aligned.
     rows: np.ndarray = field(default_factory=lambda: np.empty((0, 0, _WIDTH)))
+    layout: _Layout | None = None
+
+    def order(self, given: list) -> _Layout:
+        """The layout of ``given`` (histories with slots), kept while they are the same."""
+        layout = self.layout
+        if layout is None or not layout.same(given):
+            layout = self.layout = _Layout.of(given)
+        return layout
 
     def read(self, hists: list, deques: list) -> np.ndarray:
-        """(instance, position, field) values, right-aligned to the longest deque."""
+        """(instance, position, field) values, right-aligned to the longest deque
+        (or the depth of the last call, when deeper and the histories the same)."""
         lengths = list(map(len, deques))
-        depth = max(lengths)
         n = len(deques)
+        # As deep as the deques may grow (bounded), so that while they fill
+        # the rows keep their shape and are shifted, not read afresh.
+        depth = max(max(lengths), min(deques[0].maxlen or 0, _MAX_DEPTH))
         aligned = (
-            depth == self.rows.shape[1]
+            depth <= self.rows.shape[1]
             and len(hists) == len(self.histories)
-            and all(map(is_, hists, self.histories))
+            and (hists is self.histories or all(map(is_, hists, self.histories)))
         )
         newest = list(map(_last, deques))
         if aligned:
+            depth = self.rows.shape[1]
             # Changed in place: the caller gets copies (fancy indexing), and
             # every read below happens before the first write, so an error
             # leaves the cache as it was.
@@ -127,8 +214,12 @@ class SlotRows:
             same = np.fromiter(map(is_, newest, self.newest), bool, n)
             # One slot more (the oldest dropped when the deque was full).
             grew = np.flatnonzero(~same & (now >= 2) & (now == np.minimum(was + 1, depth)))
-            before = map(_second_last, [deques[i] for i in grew.tolist()])
-            seen = [self.newest[i] for i in grew.tolist()]
+            if len(grew) == n:  # the usual epoch: every instance has one slot more
+                before = map(_second_last, deques)
+                seen = self.newest
+            else:
+                before = map(_second_last, [deques[i] for i in grew.tolist()])
+                seen = [self.newest[i] for i in grew.tolist()]
             one_more = np.fromiter(map(is_, before, seen), bool, len(grew))
             shifted = grew[one_more].tolist()
             keep = same & (now == was)
@@ -137,10 +228,17 @@ class SlotRows:
         else:
             rows = np.zeros((n, depth, _WIDTH))
             shifted, fresh = [], list(range(n))
-        appended = _read([newest[i] for i in shifted]) if shifted else None
+        if len(shifted) == n:
+            appended = _read(newest)
+        elif shifted:
+            appended = _read([newest[i] for i in shifted])
         counts = [lengths[i] for i in fresh]
         values = _read([s for i in fresh for s in deques[i]]) if fresh else None
-        if shifted:
+        if len(shifted) == n:
+            # Slices, not index lists: the whole array moves by one position.
+            rows[:, :-1] = rows[:, 1:]
+            rows[:, -1] = appended
+        elif shifted:
             rows[shifted, :-1] = rows[shifted, 1:]
             rows[shifted, -1] = appended
         if fresh:
@@ -164,21 +262,15 @@ def _read(slots: list) -> np.ndarray:
     ).reshape(len(slots), _WIDTH)
 
 
-(
-    _SECONDS,
-    _ARRIVALS,
-    _EXECUTED,
-    _EMITTED,
-    _CPU,
-    _QUEUE,
-    _SERVICE,
-    _LATENCY_SUM,
-    _LATENCY_COUNT,
-    _TIMESTAMP,
-) = range(len(_WINDOW_FIELDS))
+# The deepest rows made for deques that are not full yet (memory: 20,000
+# instances x 64 x 10 fields of 8 bytes is 100 MB).
+_MAX_DEPTH = 64
 _cap_of = attrgetter("cap_cores")
 _throttled_of = attrgetter("throttled_seconds")
 _key_of = attrgetter("key")
+_node_of = attrgetter("node")
+_slots_of = attrgetter("slots")
+_stateful_of = attrgetter("stateful")
 _last = itemgetter(-1)
 _second_last = itemgetter(-2)
 
@@ -205,27 +297,21 @@ def evaluate(
         hists = [h for h in hists if h.key not in exclude]
     if not hists:
         return {}
+    cache = rows if rows is not None else SlotRows()
     # Operators in key order, instances by index within each.
-    hists.sort(key=_key_of)
-    keys = [h.key for h in hists]
-    first = [0] + [
-        i
-        for i, (a, b) in enumerate(zip(keys, keys[1:], strict=False), start=1)
-        if a.app != b.app or a.operator != b.operator
-    ]
+    layout = cache.order(hists)
+    hists, keys, first = layout.hists, layout.keys, layout.first
+    starts, ends, per_op, op_of = layout.starts, layout.ends, layout.per_op, layout.op_of
     n_ops, n_inst = len(first), len(hists)
-    starts = np.asarray(first)
-    ends = np.append(starts[1:], n_inst)
-    per_op = ends - starts  # instances per operator
-    op_of = np.repeat(np.arange(n_ops), per_op)
-    deques = [h.slots for h in hists]
+    deques = list(map(_slots_of, hists))
     lengths = np.fromiter(map(len, deques), int, n_inst)
     # Instances on different nodes report on their own clocks; align by
     # recency (the k-th newest slot of each) over the slots all of them have.
     window = np.minimum(np.minimum.reduceat(lengths, starts), phi)
     take = window[op_of]
     # Each instance's last ``take`` slots, instance by instance, oldest first.
-    cached = (rows if rows is not None else SlotRows()).read(hists, deques)
+    cached = cache.read(hists, deques)
+    last_slots = cache.newest  # each deque's newest slot, as read
     depth = cached.shape[1]
     inst = np.repeat(np.arange(n_inst), take)
     values = cached[inst, depth - np.repeat(take, take) + _ranks(take.tolist())]
@@ -236,7 +322,7 @@ def evaluate(
     position = np.arange(n_slots) - np.repeat(inst_first_slot, take)
     row = np.repeat(slot_start[op_of], take) + position
     n_rows = int(window.sum())
-    sums = [np.bincount(row, weights=values[:, c], minlength=n_rows) for c in range(_SERVICE)]
+    sums = {c: np.bincount(row, weights=values[:, c], minlength=n_rows) for c in _SUMMED}
     secs = sums[_SECONDS] / np.repeat(per_op, window)
     arrivals = sums[_ARRIVALS] / secs
     executed = sums[_EXECUTED] / secs
@@ -247,7 +333,6 @@ def evaluate(
     # The newest slot of each instance.
     last_rows = inst_first_slot + take - 1
     last_values = values[last_rows]
-    last_slots = [d[-1] for d in deques]
     lat_sum = np.bincount(op_of, weights=last_values[:, _LATENCY_SUM], minlength=n_ops).tolist()
     lat_count = np.bincount(op_of, weights=last_values[:, _LATENCY_COUNT], minlength=n_ops)
     lat_count = lat_count.tolist()
@@ -258,6 +343,10 @@ def evaluate(
     queue_last = last_values[:, _QUEUE].tolist()
     caps = list(map(_cap_of, last_slots))
     throttled = list(map(_throttled_of, last_slots))
+    stateful = np.logical_or.reduceat(
+        np.fromiter(map(_stateful_of, hists), bool, n_inst), starts
+    ).tolist()
+    nodes = layout.nodes_by_op()
     views: dict[OperatorKey, OperatorView] = {}
     bounds = zip(
         first,
@@ -266,22 +355,22 @@ def evaluate(
         (slot_start + window).tolist(),
         strict=True,
     )
+    cpu_sums, queue_sums = sums[_CPU], sums[_QUEUE]
     for o, (s, e, a, b) in enumerate(bounds):
         ks = keys[s:e]
-        group = hists[s:e]
-        op = OperatorKey(ks[0].app, ks[0].operator)
+        op = layout.ops[o]
         views[op] = OperatorView(
             key=op,
             instances=ks,
-            nodes={h.key: h.node for h in group},
-            stateful=any(h.stateful for h in group),
-            upstream=group[0].upstream,
+            nodes=nodes[o],
+            stateful=stateful[o],
+            upstream=hists[s].upstream,
             seconds=secs[a:b],
             arrivals=arrivals[a:b],
             executed=executed[a:b],
             emitted=emitted[a:b],
-            cpu_seconds=sums[_CPU][a:b],
-            queue=sums[_QUEUE][a:b],
+            cpu_seconds=cpu_sums[a:b],
+            queue=queue_sums[a:b],
             queue_by_instance=dict(zip(ks, queue_last[s:e], strict=True)),
             usage_by_instance=dict(zip(ks, usage[s:e], strict=True)),
             cap_by_instance=dict(zip(ks, caps[s:e], strict=True)),

@@ -3,7 +3,9 @@
 Per connection: Hello first, then every report buffered while disconnected
 (marked ``replayed``), then live reports and one Ack per CapDirective. When the
 stream breaks the link reconnects with exponential backoff and jitter; reports
-produced meanwhile wait in a bounded buffer (oldest dropped and counted).
+produced meanwhile wait in a bounded buffer (oldest dropped and counted), behind
+those sent in the last RESEND_WINDOW_SECONDS, which may have been lost with the
+connection and are sent again.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import logging
 import queue
 import random
 import threading
+import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -54,11 +57,28 @@ def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Rand
     return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
+# Reports gRPC took within this many seconds before a stream broke are sent again
+# on the next one. A link that dies silently is noticed only by keepalive (10 s
+# ping, 5 s timeout), and whatever was written to the connection meanwhile dies
+# with it: the stream has no acknowledgement per report. The controller refuses
+# the copies it already has (`duplicate_report`: a report no newer than the
+# node's last), so sending again costs a few refused reports, never a double.
+RESEND_WINDOW_SECONDS = 20.0
+# gRPC's own reconnect backoff of the channel (first, largest), see make_channel.
+RECONNECT_BACKOFF_MS = (250, 1000)
+
+
 def make_channel(target: str, tls: TlsConfig) -> grpc.Channel:
     options = [
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
+        # The link's own backoff spaces the attempts; within one (a wait of up to
+        # connect_timeout for the channel) gRPC's reconnect backoff, 1 s growing
+        # by 1.6x, let a restarted controller wait up to 2.6 s for its agents,
+        # past a short lease. 0.25 s, at most 1 s, keeps that under a second.
+        ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
     ]
     if not tls.enabled:
         return grpc.insecure_channel(target, options=options)
@@ -72,14 +92,22 @@ def make_channel(target: str, tls: TlsConfig) -> grpc.Channel:
 class _Session:
     """Outgoing messages of one stream; the generator gRPC consumes."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, on_report_sent: Callable[[pb.NodeReport], None] = lambda report: None
+    ) -> None:
         self.outbox: queue.Queue = queue.Queue()
+        self._on_report_sent = on_report_sent
 
     def messages(self) -> Iterator[pb.AgentMessage]:
         while True:
             item = self.outbox.get()
             if item is _END:
                 return
+            # Counted as sent when gRPC takes it, not when queued: a report still
+            # queued when the stream breaks goes back to the buffer and is sent
+            # (and counted) once, later.
+            if item.WhichOneof("body") == "report":
+                self._on_report_sent(item.report)
             yield item
 
     def leftovers(self) -> list[pb.AgentMessage]:
@@ -119,6 +147,9 @@ class ControllerLink:
         self._buffer: deque[pb.NodeReport] = deque()
         self._buffer_size = buffer_size
         self._lock = threading.Lock()
+        # Reports gRPC took in the last RESEND_WINDOW_SECONDS: (monotonic time, report).
+        self._taken: deque[tuple[float, pb.NodeReport]] = deque()
+        self._taken_lock = threading.Lock()
         self._session: _Session | None = None
         self._call = None
         self._channel: grpc.Channel | None = None
@@ -148,7 +179,6 @@ class ControllerLink:
         with self._lock:
             if self._session is not None:
                 self._session.outbox.put(pb.AgentMessage(report=report))
-                self.metrics.reports_sent.inc()
                 return
             self._keep(report)
 
@@ -195,6 +225,23 @@ class ControllerLink:
             attempt = 64
         return backoff_delay(attempt, self.backoff_initial, self.backoff_max, self.rng)
 
+    def _report_taken(self, report: pb.NodeReport) -> None:
+        """gRPC took ``report`` for the stream (its consumer thread calls this)."""
+        now = time.monotonic()
+        with self._taken_lock:
+            self._taken.append((now, report))
+            while self._taken[0][0] < now - RESEND_WINDOW_SECONDS:
+                self._taken.popleft()
+        self.metrics.reports_sent.inc()
+
+    def _recently_taken(self) -> list[pb.NodeReport]:
+        """The reports taken within the window, oldest first; the record is emptied."""
+        horizon = time.monotonic() - RESEND_WINDOW_SECONDS
+        with self._taken_lock:
+            out = [r for t, r in self._taken if t >= horizon]
+            self._taken.clear()
+        return out
+
     def _wait_ready(self, channel: grpc.Channel) -> bool:
         future = grpc.channel_ready_future(channel)
         waited = 0.0
@@ -214,7 +261,6 @@ class ControllerLink:
                 report = self._buffer.popleft()
                 report.replayed = True
                 session.outbox.put(pb.AgentMessage(report=report))
-                self.metrics.reports_sent.inc()
             self.metrics.reports_buffered.set(0)
             self._session = session
         self.connected.set()
@@ -232,7 +278,7 @@ class ControllerLink:
         channel = self._channel
         established = False
         self.refusal = None
-        session = _Session()
+        session = _Session(self._report_taken)
         try:
             if not self._wait_ready(channel):
                 return False
@@ -275,6 +321,14 @@ class ControllerLink:
                 for item in reversed(session.leftovers()):
                     if item.WhichOneof("body") == "report":
                         self._keep(item.report, front=True)
+                if established and not self._stop.is_set():
+                    # Before them, those that left lately: they may have died with
+                    # the connection.
+                    again = self._recently_taken()
+                    for report in reversed(again):
+                        self._keep(report, front=True)
+                    if again:
+                        self.metrics.reports_resent.inc(len(again))
                 # Ends the request generator, whose reader thread would otherwise wait forever.
                 session.outbox.put(_END)
             self.connected.clear()

@@ -120,6 +120,11 @@ class AgentMetrics:
             "Reports dropped because the disconnected buffer was full (oldest first)",
             registry=r,
         )
+        self.reports_resent = Counter(
+            "dsched_agent_reports_resent",
+            "Reports sent again after their stream broke (the controller refuses copies it has)",
+            registry=r,
+        )
         self.reports_buffered = Gauge(
             "dsched_agent_reports_buffered", "Reports waiting to be resent", registry=r
         )

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -125,6 +126,18 @@ def check_state_file(path: Path) -> int:
     path = Path(path)
     if not path.exists():
         return 0
+    wal_path = path.with_name(path.name + "-wal")
+    if path.stat().st_size == 0 and not (wal_path.exists() and wal_path.stat().st_size > 0):
+        # SQLite would read an empty file as a new database, and the controller
+        # would start with no QoS classes, mode or caps. A store never leaves one
+        # (a new file is built beside it and renamed into place, see
+        # StateStore), so an empty file is a truncated one.
+        raise StateFileError(
+            path,
+            "is empty (0 bytes): it was truncated, so the QoS classes, mode and caps it "
+            "held are gone. Refusing to start afresh on it; restore the state directory "
+            "from a backup, or remove the file to start with no state",
+        )
     # Read-only: closing it neither checkpoints nor removes a write-ahead log. A
     # file closed cleanly (no log beside it) is read as immutable, which leaves
     # no -wal or -shm file behind either.
@@ -194,6 +207,9 @@ class StateStore:
         found = check_state_file(self.path)
         # The version the file had when opened (0: new or from dsched 0.1.0).
         self.found_version = found
+        if not found and not self.path.exists():
+            self._create()
+            found = 1  # the version-1 layout; later versions are reached below
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -215,6 +231,33 @@ class StateStore:
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
         self._closed = False
+
+    def _create(self) -> None:
+        """A new store, built under another name and renamed into place: a crash
+        half-way leaves no file at :attr:`path`, and so no empty one (which
+        :func:`check_state_file` refuses as truncated)."""
+        tmp = self.path.with_name(self.path.name + ".new")
+        for leftover in (tmp, *(tmp.with_name(tmp.name + s) for s in ("-wal", "-shm", "-journal"))):
+            leftover.unlink(missing_ok=True)
+        db = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("BEGIN IMMEDIATE")
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute("PRAGMA user_version = 1")
+            db.execute("COMMIT")
+        finally:
+            # The last connection's close checkpoints and removes the -wal file.
+            db.close()
+        try:
+            # A link, not a rename: a store another process made meanwhile is kept.
+            os.link(tmp, self.path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _migrate(self) -> None:
         """Create or migrate the tables up to :data:`SCHEMA_VERSION` and stamp it,

@@ -655,14 +655,7 @@ class Matrix:
                     self.lab.set_link(n, up=True)
 
             runs.append(self._silence("partition", leases * self.lease, down, up))
-        return self._summary(
-            "partition",
-            runs,
-            extra={
-                "policy_violations": self._silence_failures(runs),
-                "reports_unaccounted": sum(r["reports_unaccounted"] for r in runs),
-            },
-        )
+        return self._silence_summary("partition", runs)
 
     def stall(self) -> dict[str, Any]:
         runs = []
@@ -675,8 +668,12 @@ class Matrix:
                     lambda: self.cluster.signal_controller(signal.SIGCONT),
                 )
             )
+        return self._silence_summary("stall", runs)
+
+    def _silence_summary(self, name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+        """A partition's or a stall's entry: the agents heard nothing for a while."""
         return self._summary(
-            "stall",
+            name,
             runs,
             extra={
                 "policy_violations": self._silence_failures(runs),

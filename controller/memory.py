@@ -22,7 +22,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from controller.stages.evaluate import SlotRows
 from controller.stages.forecast import SourceHistory
@@ -35,6 +35,14 @@ if TYPE_CHECKING:
 
 
 _state = attrgetter("state")  # of a HysteresisStep
+
+
+class InstanceState(Protocol):
+    """What the memory keeps per instance between epochs; every sizing policy's
+    state has the cap it decided last (None: none yet)."""
+
+    @property
+    def cap(self) -> float | None: ...
 
 
 class DemandPeaks:
@@ -113,7 +121,7 @@ class MemoryView:
     (``series_with``/``predict``, ``peaks_with``).
     """
 
-    hysteresis: Mapping[InstanceKey, HysteresisState]
+    hysteresis: Mapping[InstanceKey, InstanceState]
     kappa: Mapping[OperatorKey, float]
     sources: SourceHistory | None
     peaks: DemandPeaks | None
@@ -129,7 +137,9 @@ class ControllerMemory:
     forget_after_slots: int
     sources: SourceHistory | None = None
     peaks: DemandPeaks | None = None
-    hysteresis: dict[InstanceKey, HysteresisState] = field(default_factory=dict)
+    #: Each instance's state from the last epoch: dsched's HysteresisState, or the
+    #: peer's own under a peer policy (controller/peers); both start with ``cap``.
+    hysteresis: dict[InstanceKey, InstanceState] = field(default_factory=dict)
     #: The caps in force: instance -> (node, cores); held ones included.
     caps: dict[InstanceKey, tuple[str, float]] = field(default_factory=dict)
     #: Instances whose cap is held without a report -> the epoch the hold began.

@@ -259,18 +259,8 @@ class FaultCluster:
 
     def stop_controller(self, timeout: float = 20.0) -> int | None:
         proc, self.controller = self.controller, None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        stop_process_group(proc.pid, 5)
-        return proc.returncode
+        # A stopped (stalled) controller cannot act on SIGTERM until it is continued.
+        return _terminate(proc, timeout, continue_first=True)
 
     # ------------------------------------------------------------ admin door
     def admin(self) -> pb_grpc.AdminServiceStub:
@@ -385,17 +375,7 @@ class FaultCluster:
     def stop_agent(self, node: str, timeout: float = 20.0) -> int | None:
         agent = self.agents[node]
         proc, agent.proc = agent.proc, None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        stop_process_group(proc.pid, 5)
-        return proc.returncode
+        return _terminate(proc, timeout)
 
     def agent_metrics(self, node: str) -> str | None:
         try:
@@ -438,3 +418,23 @@ class FaultCluster:
     def close(self) -> None:
         self.stop()
         self.state.unmount()
+
+
+def _terminate(
+    proc: subprocess.Popen | None, timeout: float, continue_first: bool = False
+) -> int | None:
+    """SIGTERM, SIGKILL to the group after ``timeout``, then whatever of the group is
+    left; the exit status (None: there was no process)."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        if continue_first:
+            proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    stop_process_group(proc.pid, 5)
+    return proc.returncode

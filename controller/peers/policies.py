@@ -35,7 +35,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from controller.peers import rules
+import controller.peers.rules as rules
 from controller.qos import QosClass
 from controller.stages.evaluate import OperatorView
 from dsched.ids import InstanceKey, OperatorKey

@@ -30,6 +30,7 @@ from testbed.live.cluster import (
     metric_value,
     scrape,
     stop_process_group,
+    wait_controller_answers,
     write_toml,
 )
 
@@ -233,20 +234,13 @@ class FaultCluster:
         self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.controller is not None and self.controller.poll() is not None:
-                raise RuntimeError(
-                    "dsched-controller exited: "
-                    + (self.workdir / "controller.log").read_text()[-2000:]
-                )
-            try:
-                self.status(timeout=1)
-                return
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        wait_controller_answers(
+            self.controller,
+            self.workdir / "controller.log",
+            lambda: self.status(timeout=1),
+            timeout,
+            poll_seconds=0.05,
+        )
 
     def kill_controller(self) -> None:
         if self.controller is not None and self.controller.poll() is None:

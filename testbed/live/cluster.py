@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,21 +220,13 @@ class LocalCluster:
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.controller is not None and self.controller.poll() is not None:
-                raise RuntimeError(
-                    "dsched-controller exited: "
-                    + (self.workdir / "controller.log").read_text()[-2000:]
-                )
-            try:
-                self.admin().Status(pb.StatusRequest(), timeout=1)
-                return
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                check_stop()
-                time.sleep(0.1)
+        wait_controller_answers(
+            self.controller,
+            self.workdir / "controller.log",
+            lambda: self.admin().Status(pb.StatusRequest(), timeout=1),
+            timeout,
+            between=check_stop,
+        )
 
     def wait_agents(self, n: int, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -368,3 +361,28 @@ def remove_cgroup_tree(root: Path) -> None:
         root.rmdir()
     except OSError:
         pass  # still has tasks: the agent (or the kernel) will finish
+
+
+def wait_controller_answers(
+    controller: subprocess.Popen | None,
+    log: Path,
+    probe: Callable[[], object],
+    timeout: float,
+    *,
+    poll_seconds: float = 0.1,
+    between: Callable[[], None] = lambda: None,
+) -> None:
+    """Call ``probe`` (an admin RPC) until it answers; RuntimeError with the tail of
+    ``log`` if the controller process exits first, the RpcError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if controller is not None and controller.poll() is not None:
+            raise RuntimeError("dsched-controller exited: " + log.read_text()[-2000:])
+        try:
+            probe()
+            return
+        except grpc.RpcError:
+            if time.monotonic() > deadline:
+                raise
+            between()
+            time.sleep(poll_seconds)

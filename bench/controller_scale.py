@@ -36,10 +36,10 @@ OPS = (
 )
 CLASSES = ("gold", "silver", "bronze")
 # Where an epoch's CPU goes, in order (Controller.last_timing has each as
-# "<stage>_cpu"): evaluate; the pure epoch's forecast, demand, allocate,
-# hysteresis (with anti-saturation) and latency estimates; the memory update,
-# caps written to the store and directives; the decision record and queueing it
-# for the store's writer thread.
+# "<stage>_cpu"): evaluate; the pure epoch's forecast, demand, allocate and
+# hysteresis (with anti-saturation); the latency estimates and peaks (after the
+# directives); the memory update, caps written to the store and directives; the
+# decision record and queueing it for the store's writer thread.
 STAGES = (
     "evaluate",
     "forecast",
@@ -260,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
         "hysteresis, latency estimates, caps committed to SQLite, decision record (encoded "
         "and written by the store's writer thread, off the epoch's thread); no network; "
         "placement and the history spool (both on their own threads) are off. compute = "
-        "evaluate + the pure epoch (controller/epoch.py, latency estimates included)",
+        "evaluate + the pure epoch up to the caps (controller/epoch.py); the latency "
+        "estimates and peaks (estimate) follow the directives",
         "largest_epoch_seconds_median": largest["epoch_seconds_median"],
         "largest_compute_seconds_median": largest["compute_seconds_median"],
         "compute_meets_target": largest["compute_seconds_median"] < 1.0,

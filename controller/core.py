@@ -489,7 +489,9 @@ class Controller:
                 capacity=self.node_capacity(),
                 unmeasured=unmeasured,
             )
-            result = run_epoch(inputs, self.memory.view(), cfg, self.allocator)
+            result = run_epoch(
+                inputs, self.memory.view(), cfg, self.allocator, defer_explanation=True
+            )
             self.metrics.allocation_duration.observe(result.timing["allocate"])
             if result.alloc.dp is not None:
                 self.metrics.dp_duration.observe(result.alloc.dp.seconds)
@@ -523,6 +525,11 @@ class Controller:
             self.acks.wait(ACK_WAIT_SLOTS * cfg.slot_seconds)
             t_acked = time.perf_counter()
             self._collection_pause.resume()
+            # The latency estimates and peaks explain the caps just sent: after them.
+            explain_wall, explain_cpu = time.perf_counter(), time.thread_time()
+            result.explain()
+            explain_wall = time.perf_counter() - explain_wall
+            explain_cpu = time.thread_time() - explain_cpu
             self.memory.learn(result)
             if acted.sent:
                 self.metrics.directives.inc(len(acted.sent))
@@ -566,7 +573,7 @@ class Controller:
         self.last_timing = {
             "evaluate": t_pipeline - t0,
             **result.timing,
-            "act_and_memory": t_record - t_act - (t_acked - t_sent),
+            "act_and_memory": t_record - t_act - (t_acked - t_sent) - explain_wall,
             "record_and_store": t_end - t_record,
             "compute": t_act - t0,
             # From the epoch's start until its directives were on their way.
@@ -576,7 +583,7 @@ class Controller:
             # CPU time on this thread: what the epoch costs on an idle core,
             # whatever else the machine is running.
             "evaluate_cpu": cpu_pipeline - cpu0,
-            "act_and_memory_cpu": cpu_record - cpu0 - cpu_compute,
+            "act_and_memory_cpu": cpu_record - cpu0 - cpu_compute - explain_cpu,
             "record_and_store_cpu": cpu_end - cpu_record,
             "compute_cpu": cpu_compute,
             "epoch_cpu": cpu_end - cpu0,

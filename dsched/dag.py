@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
+from functools import lru_cache
 from typing import TypeVar
 
 N = TypeVar("N", bound=Hashable)
@@ -24,6 +25,21 @@ def topological_order(
         raise ValueError(
             f"parents must map each operator to its parents, got {type(parents).__name__}"
         )
+    # Every epoch orders each application's DAG several times (1,500 orders at
+    # 500 apps) and the DAGs seldom change: an order is kept per DAG. Parents
+    # given as lists (unhashable) are ordered afresh each time.
+    try:
+        return list(_cached_order(tuple(parents.items()), include_parents))
+    except TypeError:
+        return _order(parents, include_parents)
+
+
+@lru_cache(maxsize=8192)
+def _cached_order(items: tuple, include_parents: bool) -> tuple:
+    return tuple(_order(dict(items), include_parents))
+
+
+def _order(parents: Mapping[N, Iterable[N]], include_parents: bool) -> list[N]:
     nodes: set[N] = set(parents)
     if include_parents:
         for ps in parents.values():

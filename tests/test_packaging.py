@@ -23,7 +23,16 @@ ROOT = Path(__file__).resolve().parents[1]
 DAEMON_PACKAGES = {"dsched", "dsched_pb", "agent", "controller", "predict", "spark_stream"}
 # What agent/ and the dsched, dsched_pb modules it uses import.
 AGENT_REQUIREMENTS = {"grpcio", "protobuf", "prometheus-client", "psutil", "pyroute2", "cgroupspy"}
-CONTROLLER_STACK = ("numpy", "scipy", "statsmodels", "pandas", "pyarrow", "pyspark", "rich")
+CONTROLLER_STACK = (
+    "numpy",
+    "scipy",
+    "statsmodels",
+    "pandas",
+    "pyarrow",
+    "pyspark",
+    "rich",
+    "orjson",
+)
 
 
 def _name(requirement: str) -> str:

@@ -60,7 +60,7 @@ from grpc_health.v1._async import HealthServicer
 from controller.config import ControllerConfig, socket_group_id, unix_socket_path
 from controller.core import MODE_TO_PB, PB_TO_MODE, Controller
 from controller.edges.cluster import HelloRefused
-from controller.record import explain_lines
+from controller.record import explain_lines, record_json
 from controller.shadow_report import (
     DEFAULT_SINCE_SECONDS,
     MAX_REPORT_EPOCHS,
@@ -573,7 +573,7 @@ def plan_reply(rec: dict) -> pb.PlanReply:
         timestamp=rec["timestamp"],
         operators=ops,
         caps=caps,
-        record_json=json.dumps(rec, default=float),
+        record_json=record_json(rec),
     )
 
 

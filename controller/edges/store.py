@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.model import InstanceKey
+from controller.record import record_json
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +463,7 @@ class StateStore:
         The caller hands ``record`` over: it must not change it afterwards."""
 
         def write() -> None:
-            text = json.dumps(record, default=float)
+            text = record_json(record)
             with self._lock:
                 self._db.execute(
                     "INSERT OR REPLACE INTO decisions VALUES (?, ?, ?, ?)",

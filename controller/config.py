@@ -236,6 +236,106 @@ class EngineConfig:
         require(not both, "stateless_operators", f"also listed as stateful: {', '.join(both)}")
 
 
+@dataclass
+class NodePoolCommandConfig:
+    """``[node_pool.command]``: the commands that add or remove a node of a real
+    cluster (docs/node-pool.md has their contract)."""
+
+    # Program and arguments run to add a node (no shell), e.g. ["/usr/local/bin/add-node"].
+    add: list[str] = field(default_factory=list)
+    # Program and arguments run to remove the node named in $DSCHED_NODE.
+    remove: list[str] = field(default_factory=list)
+    # A command still running after this many seconds is killed (its whole process
+    # group) and counts as failed.
+    timeout_seconds: float = 120.0
+
+
+@dataclass
+class NodePoolTestbedConfig:
+    """``[node_pool.testbed]``: extra agent nodes of the live testbed on this machine,
+    started as `dsched demo --nodes 2` starts its second one."""
+
+    # CPU capacity each added agent node reports (as `dsched demo --node-cores`).
+    node_cores: float = 0.8
+    # Added nodes are named <node_prefix>1, <node_prefix>2, ...
+    node_prefix: str = "pool-n"
+    # Each added node's agent caps its own cgroup root, <cgroup_root>-<node>.
+    cgroup_root: str = "dsched-pool"
+    # Start the added agents in dry-run (they measure and report but never write caps).
+    agent_dry_run: bool = False
+
+
+@dataclass
+class NodePoolConfig:
+    """``[node_pool]``: who carries out the DP's one-node-more or one-node-fewer
+    recommendation. A node-epoch costs the top-level `node_cost` (value per node per
+    epoch, the DP's unit); a change is recommended only when it gains more than that."""
+
+    # `log` (record what would be done, change nothing), `command` (run
+    # [node_pool.command]'s add or remove) or `testbed` (start or stop an agent node of
+    # the live testbed on this machine). Dry-run always logs only.
+    strategy: str = "log"
+    # After a node was added or removed, no other change for this many seconds: the
+    # new node has to start and take load before the next decision counts.
+    cooldown_seconds: float = 300.0
+    # After a failed or timed-out change, wait this long before trying again; the
+    # wait doubles with every failure in a row.
+    retry_backoff_seconds: float = 60.0
+    # The longest wait after failures in a row.
+    max_retry_backoff_seconds: float = 3600.0
+    # Never remove a node below this many connected nodes.
+    min_nodes: int = 1
+    # Never add a node beyond this many connected nodes; 0: no upper limit.
+    max_nodes: int = 0
+    command: NodePoolCommandConfig = field(default_factory=NodePoolCommandConfig)
+    testbed: NodePoolTestbedConfig = field(default_factory=NodePoolTestbedConfig)
+
+    def validate(self) -> None:
+        from controller.edges.nodepool import NODE_POOLS
+
+        NODE_POOLS.check(self.strategy, "strategy")
+        for key in ("cooldown_seconds", "retry_backoff_seconds"):
+            value = getattr(self, key)
+            require(math.isfinite(value) and value >= 0, key, "must be a number >= 0")
+        require(
+            math.isfinite(self.max_retry_backoff_seconds)
+            and self.max_retry_backoff_seconds >= self.retry_backoff_seconds,
+            "max_retry_backoff_seconds",
+            f"must be a number >= retry_backoff_seconds ({self.retry_backoff_seconds:g})",
+        )
+        require(self.min_nodes >= 1, "min_nodes", "must be >= 1")
+        require(
+            self.max_nodes == 0 or self.max_nodes >= self.min_nodes,
+            "max_nodes",
+            f"must be 0 (no limit) or >= min_nodes ({self.min_nodes})",
+        )
+        cmd = self.command
+        require(
+            math.isfinite(cmd.timeout_seconds) and cmd.timeout_seconds > 0,
+            "command.timeout_seconds",
+            "must be a number > 0",
+        )
+        if self.strategy == "command":
+            for key in ("add", "remove"):
+                argv = getattr(cmd, key)
+                require(
+                    bool(argv) and bool(argv[0].strip()),
+                    f"command.{key}",
+                    'the command strategy needs a program, e.g. ["/usr/local/bin/add-node"]',
+                )
+        tb = self.testbed
+        require(
+            math.isfinite(tb.node_cores) and tb.node_cores > 0,
+            "testbed.node_cores",
+            "must be a number > 0",
+        )
+        for key in ("node_prefix", "cgroup_root"):
+            try:
+                check_name(key, getattr(tb, key))
+            except InvalidName as exc:
+                raise ConfigError(f"testbed.{key}", str(exc)) from None
+
+
 def check_rest_url(key: str, url: str) -> None:
     """``url`` must be http(s)://host:port, nothing more (ConfigError naming ``key``)."""
     require(bool(url), key, "required: http(s)://host:port")
@@ -404,6 +504,9 @@ class ControllerConfig:
     history: HistoryConfig = field(default_factory=HistoryConfig)
     # Engines whose counters come from their own API (`[[engine]]`; docs/controller.md).
     engine: list[EngineConfig] = field(default_factory=list)
+    # Who adds or removes a node when the DP recommends it (`[node_pool]`;
+    # docs/node-pool.md).
+    node_pool: NodePoolConfig = field(default_factory=NodePoolConfig)
 
     def validate(self) -> None:
         for key in ("listen", "metrics"):
@@ -512,6 +615,18 @@ class ControllerConfig:
             "must be a number > 0",
         )
         self._validate_doors()
+        try:
+            self.node_pool.validate()
+        except ConfigError as exc:
+            if not exc.key.startswith("node_pool."):
+                raise ConfigError(f"node_pool.{exc.key}", str(exc).split(": ", 1)[1]) from None
+            raise
+        if self.node_pool.strategy == "testbed":
+            require(
+                is_loopback(parse_hostport("listen", self.listen)[0]),
+                "node_pool.strategy",
+                "the testbed node pool starts agents on this machine: `listen` must be loopback",
+            )
         names: set[str] = set()
         for i, engine in enumerate(self.engine):
             try:

@@ -24,6 +24,7 @@ from controller.edges.cluster import AgentInfo, ObservedCluster
 from controller.edges.engines import EngineEdge, places_itself
 from controller.edges.history import HistoryEdge
 from controller.edges.metrics import ControllerMetrics
+from controller.edges.nodepool import NodePoolEdge
 from controller.edges.store import StateStore
 from controller.epoch import EpochInputs, EpochResult, run_epoch
 from controller.memory import ControllerMemory, DemandPeaks
@@ -267,6 +268,8 @@ class Controller:
             )
         self.placement = build_placement(config)
         self.qos = QosRegistry(config.qos, self.store)
+        # Carries out the DP's node recommendation (side effects, off the pure stages).
+        self.node_pool = NodePoolEdge.from_config(config, clock=clock, store=self.store)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -536,6 +539,7 @@ class Controller:
             rejected = dict(self.cluster.rejected)
             new_rejections = {r: n - self._rejected_seen.get(r, 0) for r, n in rejected.items()}
             self._rejected_seen = rejected
+            node_pool_action = self.node_pool.offer(result, enforce=enforce)
             t_record = time.perf_counter()
             cpu_record = time.thread_time()
             record = build_record(
@@ -549,6 +553,7 @@ class Controller:
                 actuator=actuator.name,
                 acted=acted,
                 rejected={r: n for r, n in new_rejections.items() if n},
+                node_pool_action=node_pool_action,
             )
             record["placement"].update(self._offer_placement(result))
             for row in record["apps"]:
@@ -724,6 +729,7 @@ class Controller:
             self.engines.stop()
         if self.placement is not None:
             self.placement.stop()
+        self.node_pool.close()
         self.metrics.stop()
         if self.history is not None:
             self.history.stop()

@@ -71,6 +71,7 @@ def build_record(
     actuator: str,
     acted: Any,
     rejected: dict[str, int],
+    node_pool_action: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The record of ``result`` with what the edges did with it."""
     epoch, now = result.epoch, result.now
@@ -290,6 +291,7 @@ def build_record(
             "value_one_fewer": rec.value_one_fewer,
             "reason": rec.reason,
         },
+        "node_pool_action": node_pool_action,
         "held": held,
         "placement": placement,
         "notes": [*alloc.notes, *held_notes],
@@ -326,6 +328,9 @@ def _app_lines(app: str, rec: dict[str, Any], row: dict[str, Any]) -> list[str]:
     rec_node = rec.get("node_recommendation")
     if rec_node and rec_node["nodes_delta"]:
         lines.append(f"  cluster: {rec_node['reason']}")
+    pool = rec.get("node_pool_action")
+    if pool and pool["recommended"] != "none":
+        lines.append(f"  node pool ({pool['strategy']}): {pool['outcome']}: {pool['reason']}")
     return lines
 
 

@@ -28,6 +28,11 @@ MIPS paper: sequential requests on a Fat-Tree and a Jellyfish, MIPS against
 FFD, R-Heron and T-Heron (each followed by best fit), and MIPS's quality
 against samples per decision.
 
+``seed000`` (:mod:`bench.placement_seed000`) is the micro-DAG experiment of
+"Model-driven Scheduling for Distributed Stream Processing Systems": slots
+allocated by LSA and MBA per DAG and rate, and the input rate the DSM, RSM and
+SAM mappings sustain by the tasks' performance models.
+
 ``liu`` runs with its defaults unless ``--liu-option KEY=VALUE`` overrides one;
 each ``--liu-variant KEY=VALUE[,KEY=VALUE...]`` runs it once more with other
 options (by default ``scale_in_patience=3`` and ``stateful_growth=0``) and
@@ -44,7 +49,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench import placement_mips
+from bench import placement_mips, placement_seed000
 from bench.common import write_result
 from controller.placement import (
     STRATEGIES,
@@ -498,6 +503,7 @@ def run(args: argparse.Namespace) -> int:
         budgets=args.mips_paper_budgets,
         samples=args.mips_paper_samples,
     )
+    seed000 = placement_seed000.run_section()
     stateful = {n: f["affected_stateful_workers"] for n, f in summed.items()}
     fewest = min(stateful.values())
     feasible = [n for n, f in summed.items() if f["overloaded_nodes"] == 0]
@@ -541,6 +547,7 @@ def run(args: argparse.Namespace) -> int:
         "liu_demand_only": demand_only,
         "mips_quality_vs_budget": quality,
         "mips_paper": mips_paper,
+        "seed000": seed000,
     }
     png = (
         Path(args.png) if args.png else (Path(args.json).with_suffix(".png") if args.json else None)
@@ -555,6 +562,9 @@ def run(args: argparse.Namespace) -> int:
         }
         _plot(png, quality, reference)
         figures["png"] = str(png)
+        seed000_png = png.with_name(png.stem + "_seed000.png")
+        placement_seed000.plot(seed000_png, seed000)
+        seed000["png"] = str(seed000_png)
     doc = write_result(args.json, "placement", figures)
     _print_table(doc)
     return 0
@@ -637,3 +647,4 @@ def _print_table(doc: dict[str, Any]) -> None:
             f"  {row['affected_workers']:8.1f}  {row['plan_seconds']:8.3f}"
         )
     placement_mips.print_section(doc["mips_paper"])
+    placement_seed000.print_section(doc["seed000"])

@@ -89,6 +89,9 @@ class RStormOptions:
     w_cpu: float = 1.0
     # Weight of network distance (traffic to already placed neighbours).
     w_net: float = 1.0
+    # Weight of memory in the distance (only where nodes and instances state memory;
+    # a node without the memory an instance states is never chosen).
+    w_mem: float = 1.0
 
 
 @dataclass

@@ -108,7 +108,16 @@ def test_liu_option_and_variants_are_run_and_recorded(tmp_path, capsys):
     direct = bench.run_strategy("liu", states, args.headroom, scale_in_patience=30)
     assert variants[0]["per_scenario"]["shrinking"]["nodes_used"] == direct["nodes_used"]
     assert isinstance(doc["liu_fewest_nodes_used_among_feasible"], bool)
-    assert "liu with scale_in_patience=30:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "liu with scale_in_patience=30:" in out
+    # Seed 000's micro-DAG experiment rides along, with its figure beside the mips one.
+    seed000 = doc["seed000"]
+    for dag in ("linear", "diamond", "star"):
+        rows = seed000["dags"][dag]["allocation"]
+        assert all(r["mba_slots"] <= r["lsa_slots"] for r in rows)
+        assert set(rows[0]["sustained_rate"]) == {"dsm", "rsm", "sam"}
+    assert (tmp_path / "placement_seed000.png").exists()
+    assert "seed 000 (model-driven scheduling)" in out
 
 
 def test_mips_paper_section_has_every_figure_per_network_and_contender(tmp_path):

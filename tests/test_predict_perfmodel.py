@@ -173,3 +173,74 @@ def test_profile_task_bad_input():
         profile_task(trial, max_threads=1, max_rate=10.0, rate_step=5.0)
     with pytest.raises(ValueError, match="max_threads"):
         profile_task(trial, max_threads=0, max_rate=10.0, rate_step=5.0)
+
+
+# ------------------------------------------------------------- bundles and mapping
+
+
+def test_split_bundles_matches_mba_sizing():
+    from predict.perfmodel import mba_bundles, split_bundles
+
+    # Table at 100/s: two 60-thread bundles and 40 threads for the 20/s left.
+    sized = mba_bundles(100.0, TABLE)
+    assert [(b.threads, b.full) for b in sized] == [(60, True), (60, True), (40, False)]
+    split = split_bundles(160, TABLE, rate=100.0)
+    assert split == sized
+    # Without the rate the partial bundle is taken at its peak usage.
+    peak = split_bundles(160, TABLE)[-1]
+    assert (peak.rate, peak.cpu_percent) == (20.0, 40.0)
+    # One leftover thread is scaled to its load, as MBA scales it.
+    one = split_bundles(3, PI, rate=170.0)[-1]
+    assert one.threads == 1 and one.cpu_percent == pytest.approx(60.0 * 50.0 / 100.0)
+    with pytest.raises(ValueError, match="threads"):
+        split_bundles(0, PI)
+
+
+def test_slot_mappings_on_a_small_dag():
+    from predict.perfmodel import InsufficientSlots, map_dsm, map_rsm, map_sam
+
+    order = ["pi", "table"]
+    threads = {"pi": 3, "table": 70}
+    dsm = map_dsm(order, threads, 4, 2)
+    assert [sum(s.values()) for s in dsm.slots] == [19, 18, 18, 18]
+    models = {"pi": PI, "table": TABLE}
+    sam = map_sam(order, threads, models, 4, 2, rates={"pi": 170.0, "table": 45.0})
+    # Full bundles alone: pi's 2 threads, table's 60; the leftovers share a slot.
+    assert {"pi": 2} in sam.slots and {"table": 60} in sam.slots
+    assert {"pi": 1, "table": 10} in sam.slots
+    assert sam.used == 3
+    # R-Storm extrapolates one thread (table: 10% memory each): 70 threads need 7 slots.
+    with pytest.raises(InsufficientSlots, match="table"):
+        map_rsm(order, threads, models, 4, 2)
+    rsm = map_rsm(order, {"pi": 3, "table": 20}, models, 4, 2)
+    assert sum(sum(s.values()) for s in rsm.slots) == 23
+    # Memory is per slot: no slot holds more than 100% by the one-thread figures.
+    assert all(10.0 * s.get("table", 0) + 5.0 * s.get("pi", 0) <= 100 for s in rsm.slots)
+    with pytest.raises(InsufficientSlots, match="table"):
+        map_sam(order, {"table": 180}, models, 2, 2)
+    with pytest.raises(InsufficientSlots, match="pi"):
+        map_rsm(order, {"pi": 3}, models, 1, 1)
+    with pytest.raises(ValueError, match="no performance model"):
+        map_sam(order, threads, {"pi": PI}, 4, 2)
+
+
+def test_predicted_rate_by_hand():
+    from predict.perfmodel import SlotMapping, predicted_rate
+
+    # 2 pi threads on slot 0, 1 on slot 1; shuffle gives slot 0 two thirds of the input.
+    mapping = SlotMapping(({"pi": 2}, {"pi": 1}), slots_per_vm=2)
+    shuffle = predicted_rate(mapping, {"pi": PI}, {"pi": 1.0})
+    # Slot 1: 1 thread carries 100/s and gets a third: 300/s. Slot 0: 120 / (2/3) = 180/s.
+    # CPU of the VM: 95 * (2/3)/120 + 60 * (1/3)/100 per unit rate against 200%.
+    cpu_bound = 200.0 / (95.0 * (2 / 3) / 120.0 + 60.0 * (1 / 3) / 100.0)
+    assert shuffle.rate == pytest.approx(min(180.0, cpu_bound))
+    capacity = predicted_rate(mapping, {"pi": PI}, {"pi": 1.0}, routing="capacity")
+    assert capacity.rate == pytest.approx(220.0)
+    assert "pi" in capacity.limit
+    with pytest.raises(ValueError, match="routing"):
+        predicted_rate(mapping, {"pi": PI}, {"pi": 1.0}, routing="random")
+
+
+def test_clamped_holds_the_last_profiled_values():
+    assert PI.clamped(2) == (120.0, 95.0, 8.0)
+    assert PI.clamped(10) == PI.clamped(3)

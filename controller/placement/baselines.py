@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 
 from controller.placement.common import (
     Decision,
@@ -26,6 +27,7 @@ from controller.placement.common import (
     least_loaded_fallback,
 )
 from controller.placement.model import Instance, PlacementInput, operator_order
+from predict.perfmodel import FULL_SLOT_PERCENT, PerformanceModel, split_bundles
 
 
 def _check_number(name: str, value: object, low: float, high: float = math.inf) -> float:
@@ -93,25 +95,44 @@ class EvenStrategy(ReplanningStrategy):
 
 
 class RStormStrategy(ReplanningStrategy):
-    """R-Storm as described in "Model-driven Scheduling for Distributed Stream
-    Processing Systems" (Shukla and Simmhan, §7.3): one instance of each
-    operator per sweep in BFS order, each to the node with the smallest distance
-    ``w_cpu * (free - demand)^2 + w_net * [node != last node]`` that has room
-    (free and demand as fractions of the largest node)."""
+    """R-Storm ("R-Storm: Resource-aware scheduling in Storm", Peng et al., §4;
+    as mapped in "Model-driven Scheduling for Distributed Stream Processing
+    Systems", Shukla and Simmhan, §7.3): one instance of each operator per sweep
+    in BFS order, each to the node with the smallest distance
+    ``w_mem * (free_mem - mem)^2 + w_cpu * (free - demand)^2 + w_net * NWDist``
+    that has room (CPU and memory as fractions of the largest node; NWDist 0 on
+    the node of the last instance placed, 0.5 in its rack, 1 in another rack).
+
+    Memory is R-Storm's hard constraint: a node whose free memory is below an
+    instance's ``memory_mb`` is refused even when the CPU would fit. Where the
+    instance's or the node's memory is not known, memory neither limits nor
+    steers; nodes without a ``rack`` share one default rack.
+    """
 
     name = "rstorm"
 
-    def __init__(self, w_cpu: float = 1.0, w_net: float = 1.0) -> None:
+    def __init__(self, w_cpu: float = 1.0, w_net: float = 1.0, w_mem: float = 1.0) -> None:
         self.w_cpu = _check_number("w_cpu", w_cpu, 0.0)
         self.w_net = _check_number("w_net", w_net, 0.0)
+        self.w_mem = _check_number("w_mem", w_mem, 0.0)
 
     def fresh(self, state, headroom_cores):
         nodes = state.node_ids
         free = {n: state.capacity(n, headroom_cores) for n in nodes}
         scale = max(max(free.values(), default=1.0), 1e-9)
+        memory = {n: state.node(n).memory_mb for n in nodes}
+        free_mem = {n: m for n, m in memory.items() if m is not None}
+        mem_scale = max(max(free_mem.values(), default=1.0), 1e-9)
+        rack = {n: state.node(n).rack for n in nodes}
         groups: dict[str, GroupKey] = {}
         reasons: list[str] = []
         reference = nodes[0]
+
+        def memory_fits(n: str, inst: Instance) -> bool:
+            if inst.memory_mb is None or n not in free_mem:
+                return True
+            return inst.memory_mb <= free_mem[n] + 1e-9
+
         for app in state.apps():
             pending: dict[str, list[Instance]] = defaultdict(list)
             for inst in sorted((i for i in state.instances if i.app == app), key=lambda i: i.index):
@@ -125,46 +146,142 @@ class RStormStrategy(ReplanningStrategy):
 
                     def distance(n: str, inst: Instance = inst, ref: str = reference) -> float:
                         gap = (free[n] - inst.demand_cores) / scale
-                        return self.w_cpu * gap * gap + self.w_net * (n != ref)
+                        d = self.w_cpu * gap * gap
+                        if inst.memory_mb is not None and n in free_mem:
+                            mem_gap = (free_mem[n] - inst.memory_mb) / mem_scale
+                            d += self.w_mem * mem_gap * mem_gap
+                        hops = 0.0 if n == ref else (0.5 if rack[n] == rack[ref] else 1.0)
+                        return d + self.w_net * hops
 
                     ranked = sorted(nodes, key=lambda n: (distance(n), nodes.index(n)))
-                    target = next((n for n in ranked if fits(free[n], inst.demand_cores)), None)
+                    target = next(
+                        (
+                            n
+                            for n in ranked
+                            if fits(free[n], inst.demand_cores) and memory_fits(n, inst)
+                        ),
+                        None,
+                    )
                     if target is None:
-                        target = least_loaded_fallback(state, free, inst.demand_cores)
-                        reasons.append(f"{inst.id} fits on no node; put on {target}")
+                        roomy = [n for n in nodes if memory_fits(n, inst)]
+                        if roomy:
+                            target = max(roomy, key=lambda n: (free[n], -nodes.index(n)))
+                            reasons.append(f"{inst.id} fits on no node; put on {target}")
+                        else:
+                            target = least_loaded_fallback(state, free, inst.demand_cores)
+                            reasons.append(
+                                f"{inst.id} needs {inst.memory_mb:g} MB, more than any node has "
+                                f"free; put on {target}"
+                            )
                     free[target] -= inst.demand_cores
+                    if inst.memory_mb is not None and target in free_mem:
+                        free_mem[target] -= inst.memory_mb
                     groups[inst.id] = GroupKey(target)
                     reference = target
         return groups, ["resource-aware distance-based best fit in BFS sweeps", *reasons]
 
 
+def _check_models(
+    models: Mapping[str, object] | None,
+) -> dict[str, PerformanceModel]:
+    """Operator (or ``app/operator``) -> model; table rows are turned into models
+    here, so a bad table is refused at start with its operator named."""
+    if models is None:
+        return {}
+    if not isinstance(models, Mapping):
+        raise ValueError(f"models must map operator -> performance model, got {models!r}")
+    out = {}
+    for key, model in models.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"models: operator names must be non-empty strings, got {key!r}")
+        if isinstance(model, PerformanceModel):
+            out[key] = model
+        else:
+            try:
+                out[key] = PerformanceModel.from_table(model, name=key)
+            except TypeError as exc:
+                raise ValueError(f"models[{key!r}] is not a performance model: {exc}") from None
+    return out
+
+
+def _check_rates(rates: Mapping[str, object] | None) -> dict[str, float]:
+    if rates is None:
+        return {}
+    if not isinstance(rates, Mapping):
+        raise ValueError(f"rates must map operator -> tuples/s, got {rates!r}")
+    return {key: _check_number(f"rates[{key!r}]", r, 0.0) for key, r in rates.items()}
+
+
 class SamStrategy(ReplanningStrategy):
-    """Slot-Aware Mapping (Shukla and Simmhan, §7.4): a full bundle (as many
-    instances of one operator as fill a slot of ``slot_cores``) gets an exclusive
-    slot on the last used node or the next; the partial bundle goes to the
-    best-fit slot. Each slot is a worker."""
+    """Slot-Aware Mapping (Shukla and Simmhan, §7.4, Alg. 6): per BFS sweep, an
+    operator's next full bundle gets an exclusive slot of ``slot_cores`` on the
+    last used node or the next; its partial bundle goes to the best-fit slot
+    (least free CPU plus memory that still holds it). Each slot is a worker.
+
+    With a performance model for the operator (``models``: operator or
+    ``app/operator`` -> :class:`~predict.perfmodel.PerformanceModel` or its table
+    rows), a full bundle is the model's best thread count tau_hat = T(omega_hat)
+    and the partial bundle is sized by MBA's c_i, m_i (CPU% and memory% of a
+    slot; with the operator's input rate in ``rates`` a single leftover thread is
+    scaled to its load, as MBA does, otherwise taken at its peak). Without one,
+    a full bundle is as many instances as their mean demand fits in a slot, and
+    a partial bundle needs its summed demand.
+    """
 
     name = "sam"
 
-    def __init__(self, slot_cores: float = 1.0) -> None:
+    def __init__(
+        self,
+        slot_cores: float = 1.0,
+        models: Mapping[str, object] | None = None,
+        rates: Mapping[str, object] | None = None,
+    ) -> None:
         self.slot_cores = _check_number("slot_cores", slot_cores, 1e-6)
+        self.models = _check_models(models)
+        self.rates = _check_rates(rates)
+
+    def _lookup(self, table: Mapping, app: str, op: str):
+        return table.get(f"{app}/{op}", table.get(op))
+
+    def _bundles(
+        self, app: str, op: str, insts: list[Instance]
+    ) -> list[tuple[int, float, float, bool]]:
+        """(instances, cores, memory fraction of a slot, full) per bundle, full ones
+        first; a full bundle takes a slot of its own."""
+        model = self._lookup(self.models, app, op)
+        if model is not None:
+            out = []
+            for b in split_bundles(len(insts), model, self._lookup(self.rates, app, op)):
+                cores = b.cpu_percent / FULL_SLOT_PERCENT * self.slot_cores
+                out.append((b.threads, cores, b.memory_percent / FULL_SLOT_PERCENT, b.full))
+            return out
+        out, rest = [], list(insts)
+        while rest:
+            mean = sum(i.demand_cores for i in rest) / len(rest)
+            size = len(rest) if mean <= 0 else max(1, int(self.slot_cores // mean))
+            chosen = rest[:size]
+            rest = rest[size:]
+            out.append((len(chosen), sum(i.demand_cores for i in chosen), 0.0, size == len(chosen)))
+        return out
 
     def fresh(self, state, headroom_cores):
         nodes = state.node_ids
         free = {n: state.capacity(n, headroom_cores) for n in nodes}
-        # slot -> (node, free cores in slot)
+        # slot -> [node, free cores in slot, free memory fraction of slot]
         slots: dict[tuple[str, int], list] = {}
         groups: dict[str, GroupKey] = {}
         reasons: list[str] = []
+        by_model: list[str] = []
+        by_demand: list[str] = []
         current = 0
 
-        def open_slot(app: str, size: float, need: float) -> tuple[str, int]:
+        def open_slot(app: str, need: float) -> tuple[str, int]:
             nonlocal current
             for step in range(len(nodes)):
                 n = nodes[(current + step) % len(nodes)]
                 if fits(free[n], need):
                     current = (current + step) % len(nodes)
-                    take = min(max(size, need), max(free[n], need))
+                    take = min(max(self.slot_cores, need), max(free[n], need))
                     break
             else:
                 n = least_loaded_fallback(state, free, need)
@@ -172,7 +289,7 @@ class SamStrategy(ReplanningStrategy):
                 reasons.append(f"no node has room for a {need:.3g}-core bundle of {app}; used {n}")
             free[n] -= take
             key = (app, len([s for s in slots if s[0] == app]))
-            slots[key] = [n, take]
+            slots[key] = [n, take, 1.0]
             return key
 
         for app in state.apps():
@@ -180,32 +297,42 @@ class SamStrategy(ReplanningStrategy):
             for inst in sorted((i for i in state.instances if i.app == app), key=lambda i: i.index):
                 pending[inst.operator].append(inst)
             order = operator_order(state, app)
-            while any(pending.values()):
+            bundles: dict[str, list[tuple[int, float, float, bool]]] = {}
+            for op in order:
+                if pending[op]:
+                    bundles[op] = self._bundles(app, op, pending[op])
+                    model = self._lookup(self.models, app, op)
+                    (by_model if model is not None else by_demand).append(f"{app}/{op}")
+            while any(bundles.values()):
                 for op in order:
-                    insts = pending[op]
-                    if not insts:
+                    if not bundles.get(op):
                         continue
-                    mean = sum(i.demand_cores for i in insts) / len(insts)
-                    bundle = len(insts) if mean <= 0 else max(1, int(self.slot_cores // mean))
-                    if len(insts) >= bundle:
-                        chosen, insts[:] = insts[:bundle], insts[bundle:]
-                        need = sum(i.demand_cores for i in chosen)
-                        key = open_slot(app, self.slot_cores, need)
-                        slots[key][1] = 0.0  # exclusive: nothing else joins a full slot
+                    count, need, mem, full = bundles[op].pop(0)
+                    chosen, pending[op][:] = pending[op][:count], pending[op][count:]
+                    if full:
+                        key = open_slot(app, need)
+                        slots[key][1:] = [0.0, 0.0]  # exclusive: nothing else joins a full slot
                     else:
-                        chosen, insts[:] = list(insts), []
-                        need = sum(i.demand_cores for i in chosen)
                         fitting = [
-                            k for k, (_, room) in slots.items() if k[0] == app and fits(room, need)
+                            k
+                            for k, (_, room, mem_room) in slots.items()
+                            if k[0] == app and fits(room, need) and mem <= mem_room + 1e-9
                         ]
                         if fitting:
-                            key = min(fitting, key=lambda k: (slots[k][1], k))
-                            slots[key][1] -= need
+                            key = min(
+                                fitting,
+                                key=lambda k: (slots[k][1] / self.slot_cores + slots[k][2], k),
+                            )
                         else:
-                            key = open_slot(app, self.slot_cores, need)
-                            slots[key][1] -= need
+                            key = open_slot(app, need)
+                        slots[key][1] -= need
+                        slots[key][2] -= mem
                     for inst in chosen:
                         groups[inst.id] = GroupKey(slots[key][0], f"s{key[1]}")
+        if by_model:
+            reasons.append("bundled by performance model: " + ", ".join(by_model))
+        if by_demand:
+            reasons.append("no performance model, bundled by mean demand: " + ", ".join(by_demand))
         return groups, ["full bundles on exclusive slots, partial bundles best fit", *reasons]
 
 

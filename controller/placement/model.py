@@ -46,11 +46,17 @@ class Node:
     every node means equal speeds. Only strategies that measure load in Hz
     (``aniello-online``) read it: a core-second on a 2 GHz node is half of one
     on a 1 GHz node.
+
+    ``memory_mb`` is the memory instances may use there (None: not known, so
+    not a limit); ``rack`` names its rack (None: the one default rack, as
+    Storm assumes without a rack mapping). Only ``rstorm`` reads them.
     """
 
     id: str
     capacity_cores: float
     clock_hz: float | None = None
+    memory_mb: float | None = None
+    rack: str | None = None
 
     def __post_init__(self) -> None:
         check_name("node id", self.id)
@@ -64,6 +70,14 @@ class Node:
             if clock <= 0:
                 raise ValueError(f"clock_hz of node {self.id} must be > 0, got {self.clock_hz!r}")
             object.__setattr__(self, "clock_hz", clock)
+        if self.memory_mb is not None:
+            object.__setattr__(
+                self, "memory_mb", _check_cores("memory_mb", f"node {self.id}", self.memory_mb)
+            )
+        if self.rack is not None and (not isinstance(self.rack, str) or not self.rack):
+            raise ValueError(
+                f"rack of node {self.id} must be a non-empty string, got {self.rack!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -91,7 +105,8 @@ class Instance:
     """One parallel instance of an operator, with its predicted CPU demand.
 
     ``worker`` and ``node`` are where it runs now; both None for an instance
-    that has never been placed.
+    that has never been placed. ``memory_mb`` is the memory it needs (None:
+    not known); only ``rstorm`` reads it.
     """
 
     app: str
@@ -102,6 +117,7 @@ class Instance:
     worker: str | None = None
     node: str | None = None
     peak_demand_cores: float | None = None
+    memory_mb: float | None = None
 
     def __post_init__(self) -> None:
         check_name("app", self.app)
@@ -124,6 +140,12 @@ class Instance:
                 self,
                 "peak_demand_cores",
                 _check_cores("peak_demand_cores", f"instance {self.id}", self.peak_demand_cores),
+            )
+        if self.memory_mb is not None:
+            object.__setattr__(
+                self,
+                "memory_mb",
+                _check_cores("memory_mb", f"instance {self.id}", self.memory_mb),
             )
         if (self.worker is None) != (self.node is None):
             raise ValueError(

@@ -2,9 +2,16 @@
 
 Scenarios:
 
-* ``seed004-poisson`` / ``seed004-weibull`` -- the QoS cap experiment of
+* ``seed004-poisson`` / ``seed004-weibull`` (scaled) -- the QoS cap experiment of
   "QoS-aware CPU cap adjustment for timely data-flow" (§5): ``--apps``
-  applications of four operators on 4 nodes (16 cores), three QoS classes, a linear burst (x1.8 / x2.7 / x3.6) from epoch 40 to 51;
+  applications of four operators on 4 nodes (16 cores), three QoS classes, a
+  linear burst (x1.8 / x2.7 / x3.6) from epoch 40 to 51; the paper's arrival
+  rates, service times scaled down to 0.4-6.5 ms per operator;
+* ``seed004-paper-weibull`` / ``seed004-paper-poisson`` -- the same experiment
+  in the paper's regime: its service times (100-3,400 ms per message, mean
+  900 ms), arrival rates scaled so phase I offers half the cluster, ARIMA on,
+  the latency model's C² measured on a warm-up of the scenario, ERR skipping
+  over-utilised nodes;
 * ``wordcount`` -- one WordCount-like chain (source, split, count, sink) on one 2-core node;
 * ``scale`` -- ``--nodes`` nodes and ``--instances`` instances: the controller's
   epoch time and memory inside the simulation (dsched only);
@@ -13,11 +20,17 @@ Scenarios:
 
 Per policy and class: mean and p99 end-to-end latency, violation ratio (whole
 run and phase II), CPU allocated, reconfigurations, nodes; ratios against ``err``.
+``--dsched-headrooms`` runs dsched again at other ``headroom_cores`` (contenders
+``dsched-h<H>``, as in ``dsched bench live``); ``pareto`` in the JSON and
+``--pareto-png`` (or ``<plot stem>-pareto.png`` with ``--plot``) show CPU
+allocated against the gold violation ratio, one point per contender, and which
+are on the frontier.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from dataclasses import replace
@@ -28,10 +41,36 @@ import psutil
 
 from bench.common import write_result
 from testbed.sim import scenario as scen
-from testbed.sim.policies import POLICIES, DschedPolicy, controller_features, make_policy
+from testbed.sim.measure import measure_scv
+from testbed.sim.policies import (
+    POLICIES,
+    DschedPolicy,
+    ErrPolicy,
+    Policy,
+    controller_features,
+    make_policy,
+)
 from testbed.sim.run import run_policy
 
-SCENARIOS = ("seed004-poisson", "seed004-weibull", "wordcount", "scale", "calibration")
+SCENARIOS = (
+    "seed004-poisson",
+    "seed004-weibull",
+    "seed004-paper-weibull",
+    "seed004-paper-poisson",
+    "wordcount",
+    "scale",
+    "calibration",
+)
+PAPER_SCENARIOS = ("seed004-paper-weibull", "seed004-paper-poisson")
+#: dsched run again at another headroom: dsched-h<cores> (as in ``dsched bench live``).
+HEADROOM_PREFIX = "dsched-h"
+#: Load predictors of the paper-regime runs: the seed's ARIMA on the sources too.
+PAPER_PREDICTORS = ["linear_trend", "dag", "arima"]
+SCV_SOURCE = (
+    "measured: C² of the inter-arrival gaps and per-message service works the "
+    "simulator generated in a warm-up of the same scenario (its own seed); the "
+    "controller does not measure C² itself yet"
+)
 #: Live and simulated latency and CPU must agree within this (relative).
 CALIBRATION_TOLERANCE = 0.20
 #: The paper's claims against ERR for the gold class ("QoS-aware CPU cap
@@ -41,13 +80,52 @@ MUST_GOLD_LATENCY_REDUCTION = 0.188
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenario", choices=SCENARIOS, default="seed004-weibull")
-    parser.add_argument("--apps", type=int, default=200, help="applications (seed004)")
+    parser.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        default="seed004-weibull",
+        help="seed004-weibull / seed004-poisson: scaled service times; "
+        "seed004-paper-*: the paper's service times, scaled arrival rates",
+    )
+    parser.add_argument(
+        "--apps",
+        type=int,
+        default=None,
+        help="applications (default: 200 seed004 scaled, 12 seed004-paper)",
+    )
     parser.add_argument(
         "--epochs",
         type=int,
         default=None,
         help="epochs (default: 80 seed004, 20 wordcount, 4 scale; calibration: 6 of 5 s)",
+    )
+    parser.add_argument(
+        "--warmup-epochs",
+        type=int,
+        default=20,
+        help="seed004-paper: epochs of the warm-up on which C² is measured (default 20)",
+    )
+    parser.add_argument(
+        "--gold-target-factor",
+        type=float,
+        default=None,
+        help="seed004-paper: gold's latency target as a multiple of a chain's mean "
+        "service time; silver and bronze keep the paper's ratios to it "
+        f"(default {scen.PAPER_GOLD_TARGET_FACTOR:g})",
+    )
+    parser.add_argument(
+        "--dsched-headrooms",
+        default="",
+        metavar="H,H,...",
+        help="also run dsched with these headroom_cores values (contenders dsched-h<H>, "
+        "after dsched): points of dsched's CPU / violation trade-off on the Pareto plot",
+    )
+    parser.add_argument(
+        "--pareto-png",
+        type=Path,
+        default=None,
+        help="write the Pareto plot (CPU allocated against gold violation ratio) here; "
+        "with --plot alone it goes to <plot stem>-pareto.png",
     )
     parser.add_argument("--nodes", type=int, default=1000, help="nodes (scale)")
     parser.add_argument("--instances", type=int, default=20_000, help="instances (scale)")
@@ -72,14 +150,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def gold_target_factor(args: argparse.Namespace) -> float:
+    value = getattr(args, "gold_target_factor", None)
+    return scen.PAPER_GOLD_TARGET_FACTOR if value is None else value
+
+
 def build_scenario(args: argparse.Namespace) -> scen.Scenario:
     kw: dict[str, Any] = {}
     if args.step is not None:
         kw["step_seconds"] = args.step
+    if args.scenario in PAPER_SCENARIOS:
+        epochs = args.epochs or 80
+        return scen.seed004_paper(
+            apps=args.apps or 12,
+            arrivals=args.scenario.rsplit("-", 1)[1],
+            epochs=epochs,
+            gold_target_factor=gold_target_factor(args),
+            seed=args.seed,
+            burst_start=min(40, epochs // 2),
+            burst_end=min(51, epochs // 2 + 11),
+            **kw,
+        )
     if args.scenario.startswith("seed004"):
         epochs = args.epochs or 80
         return scen.seed004(
-            apps=args.apps,
+            apps=args.apps or 200,
             arrivals=args.scenario.split("-")[1],
             epochs=epochs,
             seed=args.seed,
@@ -306,20 +401,221 @@ def json_line(d: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in d.items())
 
 
+def headroom_contenders(text: str, node_cores: float) -> list[str]:
+    """``--dsched-headrooms`` as contender names, each a number of cores in
+    [0, cores per node): the controller's per-node ``headroom_cores``."""
+    out: list[str] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and 0 <= value < node_cores):
+            raise ValueError(
+                f"--dsched-headrooms: {part!r} must be a number of cores in [0, {node_cores:g})"
+            )
+        name = f"{HEADROOM_PREFIX}{value:g}"
+        if name in out:
+            raise ValueError(f"--dsched-headrooms: {part!r} listed twice")
+        out.append(name)
+    return out
+
+
+def headroom_of(name: str) -> float | None:
+    """The headroom a ``dsched-h<cores>`` contender runs with, else None."""
+    return float(name.removeprefix(HEADROOM_PREFIX)) if name.startswith(HEADROOM_PREFIX) else None
+
+
+def contender(name: str, overrides: dict[str, Any]) -> Policy:
+    """The policy behind contender ``name``; dsched ones get the scenario's
+    controller settings (and their own headroom)."""
+    headroom = headroom_of(name)
+    if name != "dsched" and headroom is None:
+        return make_policy(name)
+    extra = {} if headroom is None else {"headroom_cores": headroom}
+    return DschedPolicy(name=name, config_overrides={**overrides, **extra})
+
+
+def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
+    """The names whose (cost, violation) no other point beats in both (ties kept),
+    by cost. Points with a NaN coordinate are never on the front."""
+    ok = {n: p for n, p in points.items() if not any(math.isnan(v) for v in p)}
+    front = [
+        name
+        for name, (x, y) in ok.items()
+        if not any(
+            ox <= x and oy <= y and (ox < x or oy < y)
+            for other, (ox, oy) in ok.items()
+            if other != name
+        )
+    ]
+    return sorted(front, key=lambda n: ok[n])
+
+
+def pareto(policies: dict[str, dict[str, Any]], key: str = "classes") -> dict[str, Any]:
+    """CPU allocated against the gold violation ratio, per contender, and the frontier."""
+    points = {
+        name: (
+            float(res["cpu_allocated_core_seconds"]),
+            float(res[key].get("gold", {}).get("violation_ratio", math.nan)),
+        )
+        for name, res in policies.items()
+    }
+    front = pareto_front(points)
+    return {
+        "x": "cpu_allocated_core_seconds",
+        "y": "gold violation_ratio",
+        "window": "whole run" if key == "classes" else "phase II",
+        "points": {
+            name: {
+                "cpu_allocated_core_seconds": x,
+                "gold_violation_ratio": y,
+                "on_frontier": name in front,
+            }
+            for name, (x, y) in points.items()
+        },
+        "frontier": front,
+        "dsched_on_frontier": any(n == "dsched" or n.startswith(HEADROOM_PREFIX) for n in front),
+    }
+
+
+def plot_pareto(doc: dict[str, Any], path: Path) -> Path:
+    """One point per contender (dsched at every headroom red, peers blue), the
+    frontier joined, for the whole run and for phase II."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gold = next((c for c in doc["qos"] if c["name"] == "gold"), None)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for ax, key in zip(axes, ("pareto", "pareto_phase2"), strict=True):
+        par = doc[key]
+        pts = par["points"]
+        for i, (name, p) in enumerate(
+            sorted(pts.items(), key=lambda kv: kv[1]["cpu_allocated_core_seconds"])
+        ):
+            x, y = p["cpu_allocated_core_seconds"], p["gold_violation_ratio"]
+            if math.isnan(y):
+                continue
+            mine = name == "dsched" or name.startswith(HEADROOM_PREFIX)
+            ax.scatter([x], [y], color="tab:red" if mine else "tab:blue", zorder=3)
+            ax.annotate(
+                name,
+                (x, y),
+                textcoords="offset points",
+                xytext=(4, (6, 16, -12)[i % 3]),
+                fontsize=8,
+            )
+        front = [pts[n] for n in par["frontier"]]
+        if front:
+            fx = [p["cpu_allocated_core_seconds"] for p in front]
+            fy = [p["gold_violation_ratio"] for p in front]
+            ax.step(fx, fy, where="post", color="black", linewidth=0.8)
+            ax.scatter(
+                fx, fy, s=140, facecolors="none", edgecolors="black", label="frontier", zorder=4
+            )
+        if gold:
+            ax.axhline(
+                gold["max_violation_ratio"],
+                linestyle="--",
+                color="tab:orange",
+                label=f"gold: at most {gold['max_violation_ratio']:g} of messages",
+            )
+        ax.set_xlabel("CPU allocated, core-seconds (whole run)")
+        target = f" > {gold['target_latency_ms']:.0f} ms" if gold else ""
+        ax.set_ylabel(f"gold messages{target} ({par['window']})")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title(par["window"])
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{doc['scenario']}, {doc['apps']} applications: CPU against gold violations")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def paper_comparison(doc: dict[str, Any]) -> dict[str, Any]:
+    """dsched against err beside the paper's headline (Table 1, phase II)."""
+    must = doc.get("must", {})
+    out: dict[str, Any] = {
+        "paper_gold_violation_reduction": MUST_GOLD_VIOLATION_REDUCTION,
+        "paper_gold_latency_reduction": MUST_GOLD_LATENCY_REDUCTION,
+    }
+    for key, label in (("classes", "whole_run"), ("classes_phase2", "phase2")):
+        m = must.get(key, {})
+        out[label] = {
+            "gold_violation_reduction": m.get("gold_violation_reduction"),
+            "gold_latency_reduction": m.get("gold_latency_reduction"),
+        }
+    r = doc.get("ratios_vs_err", {}).get("dsched")
+    out["cpu_allocated_vs_err"] = r["cpu_allocated"] if r else None
+    return out
+
+
+def print_comparison(doc: dict[str, Any]) -> None:
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None or x != x else f"{-100 * x:+.1f} %"
+
+    c = doc["paper_comparison"]
+    print(
+        f"dsched vs err ({doc['scenario']}, {doc['apps']} apps); paper: gold violations "
+        f"{pct(c['paper_gold_violation_reduction'])}, gold mean latency "
+        f"{pct(c['paper_gold_latency_reduction'])}"
+    )
+    for label in ("whole_run", "phase2"):
+        w = c[label]
+        print(
+            f"  {label:9s} gold violations {pct(w['gold_violation_reduction']):>9s}, "
+            f"gold mean latency {pct(w['gold_latency_reduction']):>9s}"
+        )
+    for name, res in doc["policies"].items():
+        for cls, f in res["classes_phase2"].items():
+            print(
+                f"  phase II {name:14s} {cls:6s} mean {f['latency_ms_mean']:10.1f} ms  "
+                f"violation {f['violation_ratio']:.3f}"
+            )
+    if c["cpu_allocated_vs_err"] is not None:
+        print(f"  CPU allocated, dsched / err: {c['cpu_allocated_vs_err']:.2f}")
+    print(f"  Pareto frontier (whole run): {', '.join(doc['pareto']['frontier'])}", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.scenario == "calibration":
         return run_calibration(args)
+    for key in ("apps", "epochs"):
+        value = getattr(args, key)
+        if value is not None and value < 1:
+            raise ValueError(f"--{key} must be >= 1, got {value}")
+    if args.warmup_epochs < 1:
+        raise ValueError(f"--warmup-epochs must be >= 1, got {args.warmup_epochs}")
     sc = build_scenario(args)
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     for n in names:
         make_policy(n)  # unknown names fail before any work
+    variants = headroom_contenders(args.dsched_headrooms, sc.cores_per_node)
     if args.scenario == "scale":
         names = ["dsched"]
+        variants = []
+    at = names.index("dsched") + 1 if "dsched" in names else len(names)
+    names = names[:at] + variants + names[at:]
+    overrides: dict[str, Any] = {}
+    measured = None
+    if args.scenario in PAPER_SCENARIOS:
+        measured = measure_scv(sc, warmup_epochs=args.warmup_epochs)
+        overrides = {
+            "predictors": list(PAPER_PREDICTORS),
+            "arrival_scv": measured.arrival_scv,
+            "service_scv": measured.service_scv,
+        }
     policies: dict[str, dict[str, Any]] = {}
     wall: dict[str, float] = {}
     extra: dict[str, Any] = {}
     for name in names:
-        policy = make_policy(name)
+        policy = contender(name, overrides)
         rss0 = psutil.Process().memory_info().rss
         t0 = time.perf_counter()
         result = run_policy(sc, policy)
@@ -342,10 +638,14 @@ def run(args: argparse.Namespace) -> int:
                 "class_assignment": policy.class_assignment,
                 "controller_failed_epochs": policy.failed_epochs,
                 "controller_gc_threshold": list(policy.gc_threshold),
+                "controller_arima_fitted_sources": policy.arima_fitted_sources(),
                 "directives": vars(policy.agents.log) if policy.agents else {},
             }
             policies[name].update({k: v for k, v in extra.items() if k != "directives"})
             policy.close()
+        if isinstance(policy, ErrPolicy):
+            policies[name]["over_utilized_node_epochs"] = policy.marked_node_epochs
+            policies[name]["epochs_skipping_a_node"] = policy.skipping_epochs
         g = policies[name]["classes"].get("gold", {})
         print(
             f"{name:14s} {wall[name]:7.1f}s  gold mean {g.get('latency_ms_mean', float('nan')):9.1f} ms"
@@ -354,6 +654,13 @@ def run(args: argparse.Namespace) -> int:
         )
     figures: dict[str, Any] = {
         "scenario": sc.name,
+        "regime": (
+            "paper"
+            if args.scenario in PAPER_SCENARIOS
+            else "scaled"
+            if args.scenario.startswith("seed004")
+            else None
+        ),
         "apps": len(sc.apps),
         "nodes": sc.nodes,
         "cores": sc.total_cores,
@@ -368,8 +675,33 @@ def run(args: argparse.Namespace) -> int:
         "ratios_vs_err": ratios(policies),
         "ratios_vs_err_phase2": ratios(policies, "classes_phase2"),
         "must": must_checks(policies),
+        "pareto": pareto(policies),
+        "pareto_phase2": pareto(policies, "classes_phase2"),
         "wall_seconds": wall,
+        "wall_seconds_total": sum(wall.values()),
     }
+    if args.scenario in PAPER_SCENARIOS:
+        assert measured is not None
+        figures["settings"] = {
+            "apps": len(sc.apps),
+            "epochs": sc.epochs,
+            "epoch_seconds": sc.epoch_seconds,
+            "step_seconds": sc.step_seconds,
+            "warmup_epochs": args.warmup_epochs,
+            "qos_targets_ms": {c.name: c.target_latency_ms for c in sc.qos},
+            "gold_target_factor": gold_target_factor(args),
+            "phase1_offered_cores": sum(
+                a.arrivals.rate * sum(o.work_mean_s for o in a.operators) for a in sc.apps
+            ),
+            "service_mean_s": scen.PAPER_SERVICE_MEAN_S,
+            "service_cv": scen.PAPER_SERVICE_CV,
+            "controller_overrides": {k: v for k, v in overrides.items()},
+            "dsched_headrooms": [headroom_of(v) for v in variants],
+        }
+        figures["scv"] = {**measured.to_json(), "scv_source": SCV_SOURCE}
+        figures["scv_source"] = SCV_SOURCE
+    if "dsched" in policies and "err" in policies:
+        figures["paper_comparison"] = paper_comparison(figures)
     if args.scenario == "scale":
         figures.update(
             {
@@ -387,6 +719,13 @@ def run(args: argparse.Namespace) -> int:
             }
         )
     write_result(args.json, "sim", figures)
+    if "paper_comparison" in figures:
+        print_comparison(figures)
     if args.plot is not None and args.scenario != "scale":
         plot(args.plot, sc, policies)
+    pareto_path = args.pareto_png
+    if pareto_path is None and args.plot is not None:
+        pareto_path = args.plot.with_name(args.plot.stem + "-pareto" + args.plot.suffix)
+    if pareto_path is not None and args.scenario != "scale":
+        plot_pareto(figures, pareto_path)
     return 0

@@ -22,7 +22,7 @@ latency sum and count. Sinks record (app, messages, mean latency) per cohort.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -138,6 +138,8 @@ class ClusterSim:
         self._period_index = np.full(n, np.nan)
         self.op_k = np.zeros(self.n_ops, dtype=np.int64)
         self.op_rot = np.zeros(self.n_ops, dtype=np.int64)
+        # Instances that take new messages (set_dispatch); all of them by default.
+        self.dispatch = np.ones(n, dtype=bool)
         self.cores = np.full(scenario.nodes, float(scenario.cores_per_node))
         self.node_slowdown = np.ones(scenario.nodes)
         # Queues.
@@ -188,8 +190,8 @@ class ClusterSim:
         slots = self.slots_of(op)
         changed = k != self.op_k[op]
         for r, node in enumerate(nodes[:k]):
-            if not 0 <= int(node) < self.sc.nodes:
-                raise ValueError(f"node must be in [0, {self.sc.nodes}), got {node}")
+            if not 0 <= int(node) < len(self.cores):
+                raise ValueError(f"node must be in [0, {len(self.cores)}), got {node}")
             if not self.active[slots[r]]:
                 self.node[slots[r]] = int(node)
         self.active[slots[:k]] = True
@@ -202,12 +204,35 @@ class ClusterSim:
 
     def move(self, inst: int, node: int) -> None:
         """Migrate one instance: it pauses (longer when stateful) and keeps its queue."""
-        if not 0 <= node < self.sc.nodes:
-            raise ValueError(f"node must be in [0, {self.sc.nodes}), got {node}")
+        if not 0 <= node < len(self.cores):
+            raise ValueError(f"node must be in [0, {len(self.cores)}), got {node}")
         if self.node[inst] != node:
             self.node[inst] = node
             self.paused_until[inst] = self.t + self._pause(int(self.inst_op[inst]))
             self.reconfigurations += 1
+
+    def add_node(self, cores: float) -> int:
+        """A node joins (testbed.sim.nodepool); its index. ``sc.nodes`` follows, so
+        whatever reads the node count from the scenario sees the new node."""
+        if not (np.isfinite(cores) and cores > 0):
+            raise ValueError(f"cores must be > 0, got {cores!r}")
+        self.cores = np.append(self.cores, float(cores))
+        self.node_slowdown = np.append(self.node_slowdown, 1.0)
+        self.sc = replace(self.sc, nodes=len(self.cores))
+        return len(self.cores) - 1
+
+    def remove_last_node(self) -> None:
+        """The newest node leaves; it must run no instance (move them first).
+        Scaled-in slots that last lived there are re-homed to node 0."""
+        last = len(self.cores) - 1
+        if last == 0:
+            raise ValueError("the last node of a cluster cannot leave")
+        if np.any(self.alive & (self.node == last)):
+            raise ValueError(f"node {last} still runs instances")
+        self.node[self.node == last] = 0
+        self.cores = self.cores[:last]
+        self.node_slowdown = self.node_slowdown[:last]
+        self.sc = replace(self.sc, nodes=last)
 
     def _pause(self, op: int) -> float:
         return (
@@ -354,7 +379,7 @@ class ClusterSim:
         self.throttled_seconds += np.where(spent, np.maximum(dt - busy_time, 0.0), 0.0)
         mbw = used * self.op_mbw[self.inst_op]
         self.mbw_seconds += mbw
-        util = np.bincount(self.node, mbw, minlength=sc.nodes) / (dt * self.cores)
+        util = np.bincount(self.node, mbw, minlength=len(self.cores)) / (dt * self.cores)
         self.node_slowdown = 1.0 + sc.interference_slope * np.maximum(
             0.0, util - sc.interference_threshold
         )
@@ -370,11 +395,17 @@ class ClusterSim:
             raise RuntimeError(f"operator {self.op_name[int(ops[k == 0][0])]} has no instance")
         n_op = in_count[ops]
         r = np.arange(P)[None, :]
-        share = n_op[:, None] // k[:, None] + (
-            ((r - self.op_rot[ops][:, None]) % k[:, None]) < (n_op % k)[:, None]
+        live = r < k[:, None]
+        ok = live & self.dispatch[ops[:, None] * P + r]
+        # An operator whose every instance is marked off still has to take its messages.
+        ok = np.where(ok.any(axis=1)[:, None], ok, live)
+        m = ok.sum(axis=1)
+        rank = np.cumsum(ok, axis=1) - 1
+        share = n_op[:, None] // m[:, None] + (
+            ((rank - self.op_rot[ops][:, None]) % m[:, None]) < (n_op % m)[:, None]
         )
-        share = np.where(r < k[:, None], share, 0)
-        self.op_rot[ops] = (self.op_rot[ops] + n_op) % np.maximum(k, 1)
+        share = np.where(ok, share, 0)
+        self.op_rot[ops] = (self.op_rot[ops] + n_op) % np.maximum(m, 1)
         inst = (ops[:, None] * P + r)[share > 0]
         n = share[share > 0]
         op = self.inst_op[inst]
@@ -396,6 +427,21 @@ class ClusterSim:
         self.queued_work[inst] += work
         self.work_in_step[inst] += work
         self.received[inst] += n
+
+    def set_dispatch(self, takes: np.ndarray) -> None:
+        """Which instances take new messages (one bool per slot): a round robin that
+        skips some instances, e.g. those on nodes a policy marks over-utilised.
+        Queued messages stay where they are."""
+        takes = np.asarray(takes, dtype=bool)
+        if takes.shape != (self.n_inst,):
+            raise ValueError(f"takes must hold one bool per instance slot ({self.n_inst})")
+        self.dispatch = takes.copy()
+
+    def sample_message_work(self, op: np.ndarray) -> np.ndarray:
+        """CPU work (seconds at one core) of one message of each operator in ``op``,
+        drawn as the simulation draws it."""
+        op = np.asarray(op, dtype=np.int64)
+        return self._work(op, np.ones(len(op), dtype=np.int64))
 
     def _work(self, op: np.ndarray, n: np.ndarray) -> np.ndarray:
         """CPU work of cohorts of ``n`` messages: sums of n iid gamma draws, taken as

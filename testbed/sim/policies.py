@@ -6,8 +6,9 @@ through the unmodified production controller via simulated agents; the
 baselines are the policies users would otherwise pick:
 
 * ``err`` -- enhanced round robin of "QoS-aware CPU cap adjustment for timely
-  data-flow" (§5): fixed threads per class (8/4/2), placed round robin,
-  skipping nodes marked over-utilized; uncapped.
+  data-flow" (§5): fixed threads per class (8/4/2), placed round robin;
+  threads on nodes marked over-utilised (CPU >= 90 % or memory-bandwidth
+  interference in the last epoch) take no new messages; uncapped.
 * ``static-equal`` -- one instance per operator, every node's cores split
   equally among its instances, never changed.
 * ``rstorm-static`` -- R-Storm-like: each operator requests the CPU its
@@ -87,11 +88,31 @@ def least_loaded_node(sim: ClusterSim, load: np.ndarray) -> int:
     return int(np.argmin(load / sim.cores))
 
 
+def over_utilized_nodes(sim: ClusterSim, obs: EpochObservation, cpu_threshold: float) -> np.ndarray:
+    """Nodes ERR marks over-utilised after an epoch: CPU use at or above
+    ``cpu_threshold`` of the node's cores, or memory-bandwidth interference
+    slowing its work down (the "interference-aware" part of ERR)."""
+    n = len(sim.cores)
+    util = np.zeros(n)
+    util[: len(obs.node_utilization)] = obs.node_utilization[:n]
+    return (util >= cpu_threshold) | (sim.node_slowdown[:n] > 1.0 + 1e-9)
+
+
 @dataclass
 class ErrPolicy:
+    """ "QoS-aware CPU cap adjustment for timely data-flow" §5: fixed threads per
+    class, and the enhanced version "averts sending extra load to a physical
+    machine that is marked as over-utilized": after every epoch the threads on
+    marked nodes take no new messages while their operator has a thread
+    elsewhere (their queues still drain)."""
+
     name: str = "err"
     threads: dict[str, int] = field(default_factory=lambda: dict(ERR_THREADS))
     over_utilized: float = 0.9
+    skip_over_utilized: bool = True
+    # Epochs x nodes marked over-utilised, and epochs in which some thread was skipped.
+    marked_node_epochs: int = 0
+    skipping_epochs: int = 0
 
     @property
     def max_parallelism(self) -> int:
@@ -104,9 +125,14 @@ class ErrPolicy:
         round_robin_layout(sim, par)
 
     def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
-        # Fixed threads; the interference-aware part only steers placement, and
-        # nothing is placed after the start.
-        return None
+        if not self.skip_over_utilized:
+            return
+        marked = over_utilized_nodes(sim, obs, self.over_utilized)
+        self.marked_node_epochs += int(marked.sum())
+        takes = ~marked[sim.node]
+        if not takes[sim.active].all():
+            self.skipping_epochs += 1
+        sim.set_dispatch(takes)
 
 
 @dataclass
@@ -256,8 +282,14 @@ def controller_features() -> dict[str, object]:
     }
 
 
-def simulation_controller_config(sim: ClusterSim, state_dir: Path, allocator: str | None = None):
-    """A ControllerConfig for the simulated cluster, using what this controller has."""
+def simulation_controller_config(
+    sim: ClusterSim,
+    state_dir: Path,
+    allocator: str | None = None,
+    overrides: dict[str, object] | None = None,
+):
+    """A ControllerConfig for the simulated cluster, using what this controller has;
+    ``overrides`` (a scenario's own settings) win over the defaults below."""
     from controller.config import ControllerConfig
     from controller.stages.allocation import ALLOCATORS
 
@@ -294,6 +326,10 @@ def simulation_controller_config(sim: ClusterSim, state_dir: Path, allocator: st
                 for c in sc.qos
             },
         )
+    unknown = sorted(set(overrides or {}) - names)
+    if unknown:
+        raise ValueError(f"controller overrides: unknown config keys {unknown}")
+    values.update(overrides or {})
     cfg = ControllerConfig(**{k: v for k, v in values.items() if k in names})
     cfg.validate()
     return cfg
@@ -315,6 +351,8 @@ class DschedPolicy:
     name: str = "dsched"
     max_parallelism: int = 1
     allocator: str | None = None
+    # Controller settings of the scenario or the run (e.g. predictors, headroom_cores).
+    config_overrides: dict[str, object] = field(default_factory=dict)
     epoch_seconds: list[float] = field(default_factory=list)
     peak_rss_bytes: int = 0
     class_assignment: str = ""
@@ -335,13 +373,21 @@ class DschedPolicy:
         self.gc_threshold = gc.get_threshold()
         round_robin_layout(sim, np.ones(sim.n_ops, dtype=int))
         self._tmp = tempfile.TemporaryDirectory(prefix="dsched-sim-")
-        cfg = simulation_controller_config(sim, Path(self._tmp.name), self.allocator)
+        cfg = simulation_controller_config(
+            sim, Path(self._tmp.name), self.allocator, self.config_overrides
+        )
         self.config_used = {
             "allocator": cfg.allocator,
             "phi": cfg.phi,
             "theta_cores": cfg.theta_cores,
             "min_cap_cores": cfg.min_cap_cores,
             "slot_seconds": cfg.slot_seconds,
+            "headroom_cores": cfg.headroom_cores,
+            "predictors": list(cfg.predictors),
+            "latency_model": cfg.latency_model,
+            "latency_criterion": cfg.latency_criterion,
+            "arrival_scv": cfg.arrival_scv,
+            "service_scv": cfg.service_scv,
         }
         self.controller = Controller(cfg, clock=lambda: CLOCK_BASE + sim.t)
         self.agents = SimAgents(sim, self.controller, clock_base=CLOCK_BASE)
@@ -365,6 +411,13 @@ class DschedPolicy:
             self.peak_rss_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         )
         self.agents.apply_directives()
+
+    def arima_fitted_sources(self) -> int | None:
+        """Sources whose ARIMA model has been fitted (None: ARIMA is off)."""
+        sources = getattr(getattr(self.controller, "memory", None), "sources", None)
+        if sources is None:
+            return None
+        return sum(1 for m in sources.models.values() if m.fitted_order is not None)
 
     def close(self) -> None:
         if self.controller is not None:

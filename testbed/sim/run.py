@@ -4,7 +4,8 @@ Per QoS class: mean and p99 end-to-end latency (weighted by messages),
 violation ratio (share of messages over the class target), over the whole run
 and over phase II (from the burst's start); per epoch: CPU allocated per class
 and mean latency per class. CPU allocated counts a capped instance's cap (at
-most one core, a thread) for the epoch and an uncapped one's actual use.
+most one core, a thread) for the epoch and an uncapped one's actual use; CPU
+used counts what every instance burnt.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ def run_policy(scenario: Scenario, policy: Policy) -> RunResult:
     lat_by_class = np.full((scenario.epochs, len(classes)), np.nan)
     nodes_used = []
     cap_changes = 0
+    cpu_used = 0.0
     for e in range(scenario.epochs):
         prev = {k: getattr(sim, k).copy() for k in _COUNTERS}
         caps_before = sim.cap.copy()
@@ -121,6 +123,7 @@ def run_policy(scenario: Scenario, policy: Policy) -> RunResult:
         alloc = np.where(alive, alloc, 0.0)
         cls_of_inst = app_class[sim.op_app[sim.inst_op]]
         cpu_alloc_by_class[e] = np.bincount(cls_of_inst, alloc, minlength=len(classes))
+        cpu_used += float(obs.usage_cores.sum() * obs.seconds)
         nodes_used.append(len(np.unique(sim.node[alive])))
         rec = sim.take_sinks()
         sinks.append(rec)
@@ -177,5 +180,10 @@ def run_policy(scenario: Scenario, policy: Policy) -> RunResult:
             },
         },
         conservation=conservation,
-        extra={"rescales_and_moves": int(sim.reconfigurations), "cap_changes": cap_changes},
+        extra={
+            "rescales_and_moves": int(sim.reconfigurations),
+            "cap_changes": cap_changes,
+            # What the threads burnt, capped or not (CPU allocated counts caps).
+            "cpu_used_core_seconds": cpu_used,
+        },
     )

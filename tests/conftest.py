@@ -22,6 +22,7 @@ SERIAL_FILES = frozenset(
         "test_agent_nesting.py",  # usage under a container's limit
         "test_bench_faults.py",  # real cgroups, namespaces and daemons, killed on purpose
         "test_bench_live.py",  # its interrupt's cleanup races a loaded machine's exits
+        "test_bench_live_profile.py",  # a live run on two agent nodes
         "test_controller_live.py",  # gold's latency against bronze's
         "test_dry_run_nothing_changes.py",  # the whole cgroup tree before and after
         "test_flink_agent.py",  # a saturated subtask measures its cap

@@ -120,6 +120,7 @@ class InstanceSlot:
     checkpoint: dict = field(default_factory=dict)
     replay: list[tuple] = field(default_factory=list)
     replies: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    native_tid: int | None = None  # the OS thread of its current incarnation
 
 
 def migration_result() -> MoveResult:
@@ -151,19 +152,35 @@ class DistributedTopology(Topology):
         checkpoint_seconds: float = 1.0,
         reply_timeout: float = 30.0,
         listen: tuple[str, int] | None = None,
+        group_keys: Mapping[str, Callable] | None = None,
+        on_worker_start: Callable[[str, int], None] | None = None,
+        counters_seconds: float = 0.5,
     ):
         """``nodes`` maps node id to its agent's registration socket (None: no agent).
 
         ``placement`` maps instance ids (``app/operator/index``) to nodes;
         unlisted instances start on the first node. Workers reach the driver on
         a Unix socket, or on TCP at ``listen`` (host, port; port 0 picks one) when
-        nodes are network namespaces.
+        nodes are network namespaces. ``group_keys``: as for ``Topology`` (the
+        driver routes, so the functions never leave this process).
+        ``on_worker_start(node, pid)`` runs as soon as a worker process exists,
+        before it starts any instance (e.g. to put it into its node's cgroup).
+        ``counters_seconds``: how often each worker pushes its instances' counters
+        to its agent.
         """
         if not nodes:
             raise ValueError("nodes must name at least one node")
         if checkpoint_seconds <= 0:
             raise ValueError(f"checkpoint_seconds must be > 0, got {checkpoint_seconds!r}")
-        super().__init__(spec, rate, timeout_seconds=timeout_seconds, seed=seed)
+        if not counters_seconds > 0:
+            raise ValueError(f"counters_seconds must be > 0, got {counters_seconds!r}")
+        super().__init__(
+            spec,
+            rate,
+            timeout_seconds=timeout_seconds,
+            seed=seed,
+            group_keys=dict(group_keys or {}),
+        )
         self.nodes: dict[str, str | None] = dict(nodes)
         self.flush_seconds, self.batch_size = flush_seconds, batch_size
         self.checkpoint_seconds = checkpoint_seconds
@@ -187,6 +204,8 @@ class DistributedTopology(Topology):
         self.workers: dict[str, WorkerHandle] = {}
         self.traffic: dict[tuple[str, str], int] = {}
         self.stray_acks = 0  # acks from an incarnation that is no longer current
+        # (monotonic time, instance id, from node, to node) of every move carried out.
+        self.moves_done: list[tuple[float, str, str, str]] = []
         self._lock = threading.RLock()
         self._migrating = threading.Lock()
         self._tmp = tempfile.TemporaryDirectory(prefix="dsched-dist-")
@@ -195,6 +214,9 @@ class DistributedTopology(Topology):
         self._acceptor: threading.Thread | None = None
         self._arrivals: dict[str, Connection] = {}
         self._arrived = threading.Condition()
+        self._aborted = False
+        self.on_worker_start = on_worker_start
+        self.counters_seconds = counters_seconds
 
     # ------------------------------------------------------------ names
     def instance_id(self, op: str, index: int) -> str:
@@ -214,6 +236,16 @@ class DistributedTopology(Topology):
             return {
                 self.instance_id(*ref): (worker_id(self.spec.app, s.node, s.stateful), s.stateful)
                 for ref, s in self.slots.items()
+            }
+
+    def active(self) -> dict[InstanceRef, tuple[str, str, int, int | None]]:
+        """(operator, index) -> (worker id, node, worker pid, instance TID) of every
+        instance whose worker is alive (one being moved counts where it still runs)."""
+        with self._lock:
+            return {
+                ref: (s.worker.id, s.worker.node, s.worker.pid, s.native_tid)
+                for ref, s in self.slots.items()
+                if s.worker is not None and s.worker.alive
             }
 
     def homeless(self) -> list[str]:
@@ -270,6 +302,9 @@ class DistributedTopology(Topology):
             return handle
         if node not in self.nodes:
             raise RuntimeError(f"node {node!r} is not in the testbed")
+        if self._aborted or self._listener is None:
+            # A plan that arrives while the topology stops must not start workers.
+            raise RuntimeError("the topology is stopping")
         config = WorkerConfig(
             worker_id=wid,
             app=self.spec.app,
@@ -282,12 +317,18 @@ class DistributedTopology(Topology):
             flush_seconds=self.flush_seconds,
             batch_size=self.batch_size,
             seed=self.seed,
+            counters_seconds=self.counters_seconds,
         )
         # A fresh interpreter (not fork, not multiprocessing's spawn) so that the
         # worker never re-imports the caller's main module and owns no copied locks.
         process = subprocess.Popen(
             [sys.executable, "-m", "testbed.live.workers"], stdin=subprocess.PIPE
         )
+        if self.on_worker_start is not None:
+            try:
+                self.on_worker_start(node, process.pid)
+            except OSError as exc:
+                log.warning("worker %s: start hook failed: %s", wid, exc)
         process.stdin.write(pickle.dumps(config))
         process.stdin.close()
         handle = WorkerHandle(wid, node, stateful, process)
@@ -376,6 +417,7 @@ class DistributedTopology(Topology):
                 slot.worker = None
                 slot.replies.put(("stopped", handle))
             elif kind == "started":
+                slot.native_tid = item[3]
                 slot.replies.put(("started", handle))
 
     # ------------------------------------------------------------ routing
@@ -511,6 +553,15 @@ class DistributedTopology(Topology):
             listener.close()
         self._tmp.cleanup()
 
+    def abort(self) -> int:
+        """Stop input and every worker now, dropping the backlog; returns the roots
+        left unfinished (counted as lost by ``stats``). Safe to call twice."""
+        self.stop_input()
+        if not self._aborted:
+            self._aborted = True
+            self._shutdown()
+        return self.acker.in_flight
+
     # ------------------------------------------------------------ nodes
     def add_node(self, node: str, agent_socket: str | None) -> None:
         with self._lock:
@@ -596,8 +647,13 @@ class DistributedTopology(Topology):
                 observer("target-ready", iid, target)
             self._launch(slot, target)
             if self._confirm(slot, target, "started"):
+                from_node = slot.node
                 self._resume(slot, target)
-                (result.moved if source is not None else result.restarted).append(iid)
+                if source is not None:
+                    result.moved.append(iid)
+                    self.moves_done.append((time.monotonic(), iid, from_node, target.node))
+                else:
+                    result.restarted.append(iid)
                 continue
             self._roll_back(slot, f"target worker {target.id} died during the move", result)
         result.pause_seconds = time.monotonic() - t0
@@ -620,7 +676,9 @@ class DistributedTopology(Topology):
             return self._recover()
 
     def _recover(self) -> list[str]:
-        restarted = []
+        restarted: list[str] = []
+        if self._aborted:
+            return restarted  # workers gone because the topology stops, not by failure
         with self._lock:
             orphans = [
                 s

@@ -54,16 +54,21 @@ class Scale:
 
     capacity_cores: float
     executors: int
+    # The share of the capacity that ``executors`` x 0.7 core fills: 1 by default;
+    # on the paper's two 6-core nodes, R-Storm(70)'s 8.4 cores fill 0.7 of them.
+    share_07: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.capacity_cores > 0:
             raise ValueError(f"capacity_cores must be > 0, got {self.capacity_cores!r}")
         if self.executors < 1:
             raise ValueError(f"executors must be >= 1, got {self.executors!r}")
+        if not 0 < self.share_07 <= 1:
+            raise ValueError(f"share_07 must be in (0, 1], got {self.share_07!r}")
 
     @property
     def core_07(self) -> float:
-        return self.capacity_cores / self.executors
+        return self.capacity_cores * self.share_07 / self.executors
 
     @property
     def factor(self) -> float:
@@ -99,6 +104,36 @@ def static_caps(
     raise ValueError(f"unknown static strategy {name!r} (known: {', '.join(STATIC_STRATEGIES)})")
 
 
+def first_fit_placement(
+    operators: Iterable[OperatorSpec],
+    caps: Mapping[str, float | None],
+    nodes: Iterable[str],
+    node_cores: float,
+    uncapped_cores: float,
+) -> dict[tuple[str, int], str]:
+    """(operator, index) -> node for fixed caps: each instance, in topology order, on
+    the first node its cap still fits in, else on the least filled node.
+
+    R-Storm's resource-aware placement reduced to the one resource the testbed
+    caps: a static contender uses as few nodes as its caps allow, as R-Storm
+    would. An uncapped instance counts as ``uncapped_cores``.
+    """
+    load = dict.fromkeys(nodes, 0.0)
+    if not load:
+        raise ValueError("nodes must name at least one node")
+    out: dict[tuple[str, int], str] = {}
+    for o in operators:
+        need = caps[o.name] if caps[o.name] is not None else uncapped_cores
+        for i in range(o.parallelism):
+            node = next(
+                (n for n, used in load.items() if used + need <= node_cores + 1e-9),
+                min(load, key=load.__getitem__),
+            )
+            load[node] += need
+            out[(o.name, i)] = node
+    return out
+
+
 def _limit_root(backend: CgroupV1, capacity_cores: float) -> None:
     """Make the backend's top-level root and cap it at ``capacity_cores``."""
     backend.root_limit_cores = capacity_cores
@@ -121,18 +156,33 @@ class StaticCaps:
         self, topology: LiveTopology, caps: Mapping[str, float | None], capacity_cores: float
     ) -> None:
         """Limit the root to the testbed's capacity, then cap every instance thread."""
+        self.apply_threads(
+            (
+                (InstanceKey(topology.spec.app, i.spec.name, i.index), i.worker, *i.cpu_pid_tid)
+                for i in topology.all_instances()
+            ),
+            caps,
+            capacity_cores,
+        )
+
+    def apply_threads(
+        self,
+        threads: Iterable[tuple[InstanceKey, str, int, int]],
+        caps: Mapping[str, float | None],
+        capacity_cores: float,
+    ) -> None:
+        """Like :meth:`apply`, for (key, worker, pid, tid) of threads in any process
+        (the distributed testbed's workers, one tree per node)."""
         _limit_root(self.backend, capacity_cores)
-        for inst in topology.all_instances():
-            key = InstanceKey(topology.spec.app, inst.spec.name, inst.index)
-            pid, tid = inst.cpu_pid_tid
-            path = self.backend.create(key, inst.worker, pid)
+        for key, worker, pid, tid in threads:
+            path = self.backend.create(key, worker, pid)
             try:
                 self.backend.attach(path, pid, tid)
             except ThreadGone:
                 self.backend.remove(path)
                 continue
-            self.backend.set_cap(path, caps[inst.spec.name])
-            self.paths[(inst.spec.name, inst.index)] = path
+            self.backend.set_cap(path, caps[key.operator])
+            self.paths[(key.operator, key.instance)] = path
 
     def cap_of(self, operator: str, index: int) -> float | None:
         path = self.paths.get((operator, index))
@@ -206,9 +256,10 @@ class Reservation:
     def harness(self) -> Path:
         return self.top / self.HARNESS
 
-    def backend(self, period_us: int) -> CgroupV1:
-        """The cgroup backend of the instance tree (same as the agent's with this mount)."""
-        return CgroupV1(self.top, self.TESTBED, period_us)
+    def backend(self, period_us: int, root: str | None = None) -> CgroupV1:
+        """The cgroup backend of the instance tree (same as the agent's with this mount);
+        ``root``: another tree beside ``testbed/`` (one per node of a multi-node run)."""
+        return CgroupV1(self.top, root or self.TESTBED, period_us)
 
     def enter(self) -> None:
         """Create the cgroups and move this whole process into ``harness/``."""
@@ -217,9 +268,12 @@ class Reservation:
         self.harness.mkdir(exist_ok=True)
         _write_file(self.harness / "cgroup.procs", f"{os.getpid()}\n")
 
-    def place(self, tids: Iterable[int], period_us: int, capacity_cores: float) -> None:
-        """Limit ``testbed/`` to the capacity and put ``tids`` in it (not in an instance cgroup)."""
-        backend = self.backend(period_us)
+    def place(
+        self, tids: Iterable[int], period_us: int, capacity_cores: float, root: str | None = None
+    ) -> None:
+        """Limit ``testbed/`` (or ``root``) to the capacity and put ``tids`` in it (not
+        in an instance cgroup)."""
+        backend = self.backend(period_us, root)
         _limit_root(backend, capacity_cores)
         for tid in tids:
             try:
@@ -227,12 +281,21 @@ class Reservation:
             except ProcessLookupError:
                 pass  # the thread exited meanwhile
 
+    def place_process(self, pid: int, root: str) -> None:
+        """Move every thread of process ``pid`` into tree ``root`` (made and limited by
+        :meth:`place`); its later threads start there too."""
+        try:
+            _write_file(self.top / root / "cgroup.procs", f"{pid}\n")
+        except ProcessLookupError:
+            pass  # the process exited meanwhile
+
     def leave(self) -> None:
         """Move every thread back to the top cgroup and remove the whole reservation."""
         if not self.top.is_dir():
             return
-        release_and_remove(CgroupV1(self.top, self.TESTBED))
-        release_and_remove(CgroupV1(self.top, self.HARNESS))
+        # Every tree inside: ``testbed/``, ``harness/`` and any per-node root.
+        for child in sorted(p.name for p in self.top.iterdir() if p.is_dir()):
+            release_and_remove(CgroupV1(self.top, child))
         try:
             self.top.rmdir()
         except OSError:

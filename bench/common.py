@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -133,3 +134,19 @@ def print_contenders(
     for name, c in doc["contenders"].items():
         t.add_row(name, *(str(c[k]) for k in columns))
     console.print(t)
+
+
+def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
+    """The names whose (cost, violation) no other point beats in both (ties kept),
+    by cost. Points with a NaN coordinate are never on the front."""
+    ok = {n: p for n, p in points.items() if not any(math.isnan(v) for v in p)}
+    front = [
+        name
+        for name, (x, y) in ok.items()
+        if not any(
+            ox <= x and oy <= y and (ox < x or oy < y)
+            for other, (ox, oy) in ok.items()
+            if other != name
+        )
+    ]
+    return sorted(front, key=lambda n: ok[n])

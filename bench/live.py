@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from agent.registry import InstanceKey
-from bench.common import print_contenders, write_result
+from bench.common import pareto_front, print_contenders, write_result
 from controller.config import ControllerConfig
 from controller.peers import PEERS
 from controller.qos import QosClass, QosConfig, default_qos_classes
@@ -1119,21 +1119,6 @@ def plot(doc: dict[str, Any], path: Path) -> list[Path]:
         written.append(alloc)
     written.append(plot_pareto(doc, path.with_name(path.stem + "-pareto" + path.suffix)))
     return written
-
-
-def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
-    """The names whose (cost, violation) no other point beats in both (ties kept),
-    by cost."""
-    front = []
-    for name, (x, y) in points.items():
-        beaten = any(
-            (ox <= x and oy <= y) and (ox < x or oy < y)
-            for other, (ox, oy) in points.items()
-            if other != name
-        )
-        if not beaten:
-            front.append(name)
-    return sorted(front, key=lambda n: points[n])
 
 
 def plot_pareto(doc: dict[str, Any], path: Path) -> Path:

@@ -39,7 +39,7 @@ from typing import Any
 
 import psutil
 
-from bench.common import write_result
+from bench.common import pareto_front, write_result
 from testbed.sim import scenario as scen
 from testbed.sim.measure import measure_scv
 from testbed.sim.policies import (
@@ -436,22 +436,6 @@ def contender(name: str, overrides: dict[str, Any]) -> Policy:
         return make_policy(name)
     extra = {} if headroom is None else {"headroom_cores": headroom}
     return DschedPolicy(name=name, config_overrides={**overrides, **extra})
-
-
-def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
-    """The names whose (cost, violation) no other point beats in both (ties kept),
-    by cost. Points with a NaN coordinate are never on the front."""
-    ok = {n: p for n, p in points.items() if not any(math.isnan(v) for v in p)}
-    front = [
-        name
-        for name, (x, y) in ok.items()
-        if not any(
-            ox <= x and oy <= y and (ox < x or oy < y)
-            for other, (ox, oy) in ok.items()
-            if other != name
-        )
-    ]
-    return sorted(front, key=lambda n: ok[n])
 
 
 def pareto(policies: dict[str, dict[str, Any]], key: str = "classes") -> dict[str, Any]:

@@ -15,6 +15,11 @@ Scenarios:
 * ``wordcount`` -- one WordCount-like chain (source, split, count, sink) on one 2-core node;
 * ``scale`` -- ``--nodes`` nodes and ``--instances`` instances: the controller's
   epoch time and memory inside the simulation (dsched only);
+* ``elastic`` -- a cluster too small for phase II: dsched with its node pool and
+  parallelism acting, dsched with both off, and a utilisation autoscaler
+  (bench/sim_elastic.py);
+* ``interference`` -- gold beside a memory-streaming neighbour: dsched with and
+  without the memory-bandwidth interference correction (bench/sim_interference.py);
 * ``calibration`` -- a two-operator chain run live (real threads, real cgroup v1
   caps) and simulated with the same work, caps and arrivals; needs root.
 
@@ -60,6 +65,8 @@ SCENARIOS = (
     "wordcount",
     "scale",
     "calibration",
+    "elastic",
+    "interference",
 )
 PAPER_SCENARIOS = ("seed004-paper-weibull", "seed004-paper-poisson")
 #: dsched run again at another headroom: dsched-h<cores> (as in ``dsched bench live``).
@@ -68,8 +75,10 @@ HEADROOM_PREFIX = "dsched-h"
 PAPER_PREDICTORS = ["linear_trend", "dag", "arima"]
 SCV_SOURCE = (
     "measured: C² of the inter-arrival gaps and per-message service works the "
-    "simulator generated in a warm-up of the same scenario (its own seed); the "
-    "controller does not measure C² itself yet"
+    "simulator generated in a warm-up of the same scenario (its own seed), given "
+    "to the controller as arrival_scv / service_scv: the values it keeps for an "
+    "operator until its own slots hold enough evidence to measure C² "
+    "(variability = measured; the record's sizing.operators say which)"
 )
 #: Live and simulated latency and CPU must agree within this (relative).
 CALIBRATION_TOLERANCE = 0.20
@@ -570,6 +579,18 @@ def print_comparison(doc: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.scenario == "calibration":
         return run_calibration(args)
+    if args.scenario == "elastic":
+        # Its own contenders and figures (node-epochs, gold against its bound).
+        from bench.sim_elastic import run_elastic
+
+        write_result(args.json, "sim", run_elastic(args))
+        return 0
+    if args.scenario == "interference":
+        # dsched with and without the interference correction (bench/sim_interference.py).
+        from bench.sim_interference import run_interference
+
+        write_result(args.json, "sim", run_interference(args))
+        return 0
     for key in ("apps", "epochs"):
         value = getattr(args, key)
         if value is not None and value < 1:

@@ -339,6 +339,95 @@ class NodePoolConfig:
                 raise ConfigError(f"testbed.{key}", str(exc)) from None
 
 
+@dataclass
+class ParallelismLimits:
+    """``[parallelism.operators."APP/OPERATOR"]``: one operator's own instance limits."""
+
+    # Fewest instances of this operator; 0: `[parallelism] min_instances`.
+    min_instances: int = 0
+    # Most instances of this operator; 0: `[parallelism] max_instances`.
+    max_instances: int = 0
+
+
+#: Instance counts beyond this are refused as a typo (an operator of 10,000 threads).
+MAX_PARALLELISM = 1024
+
+
+@dataclass
+class ParallelismConfig:
+    """``[parallelism]``: instance counts per operator, decided each epoch
+    (docs/parallelism.md): from the operator's performance model where one is
+    loaded (Model-Based Allocation), else one instance more or fewer."""
+
+    # Decide instance counts each epoch (and record them); false: counts are left alone.
+    enabled: bool = True
+    # Who carries the decisions out: `recommend` (decide and record only). The
+    # simulator brings its own (testbed/sim/parallelism.py).
+    actuator: str = "recommend"
+    # Fewest instances of any operator.
+    min_instances: int = 1
+    # Most instances of any operator.
+    max_instances: int = 8
+    # Epochs in a row an operator must be able to do with fewer instances before
+    # it loses one (raising is at once).
+    lower_patience_epochs: int = 6
+    # One instance fewer only when each of the rest would need at most this share
+    # of `max_instance_cores` for the predicted load, in (0, 1].
+    lower_utilization: float = 0.6
+    # Per-operator limits, keyed "APP/OPERATOR".
+    operators: dict[str, ParallelismLimits] = field(default_factory=dict)
+
+    def limits(self, app: str, operator: str) -> tuple[int, int]:
+        """(min, max) instances of one operator, its own limits over the defaults."""
+        own = self.operators.get(f"{app}/{operator}")
+        lo = own.min_instances if own is not None and own.min_instances else self.min_instances
+        hi = own.max_instances if own is not None and own.max_instances else self.max_instances
+        return lo, hi
+
+    def validate(self) -> None:
+        from controller.edges.parallelism import PARALLELISM_ACTUATORS
+
+        PARALLELISM_ACTUATORS.check(self.actuator, "actuator")
+        require(
+            isinstance(self.min_instances, int) and 1 <= self.min_instances <= MAX_PARALLELISM,
+            "min_instances",
+            f"must be an integer in [1, {MAX_PARALLELISM}]",
+        )
+        require(
+            isinstance(self.max_instances, int)
+            and self.min_instances <= self.max_instances <= MAX_PARALLELISM,
+            "max_instances",
+            f"must be an integer in [min_instances ({self.min_instances}), {MAX_PARALLELISM}]",
+        )
+        require(
+            isinstance(self.lower_patience_epochs, int) and self.lower_patience_epochs >= 0,
+            "lower_patience_epochs",
+            "must be an integer >= 0",
+        )
+        require(
+            math.isfinite(self.lower_utilization) and 0 < self.lower_utilization <= 1,
+            "lower_utilization",
+            "must be a number in (0, 1]",
+        )
+        for name, own in self.operators.items():
+            where = f'operators."{name}"'
+            app, sep, op = name.partition("/")
+            require(bool(sep and app and op), where, 'keys are "APP/OPERATOR"')
+            for key in ("min_instances", "max_instances"):
+                value = getattr(own, key)
+                require(
+                    isinstance(value, int) and 0 <= value <= MAX_PARALLELISM,
+                    f"{where}.{key}",
+                    f"must be an integer in [0, {MAX_PARALLELISM}] (0: the default)",
+                )
+            lo, hi = self.limits(app, op)
+            require(
+                lo <= hi,
+                f"{where}.max_instances",
+                f"the operator's limits are min {lo} > max {hi}",
+            )
+
+
 def check_rest_url(key: str, url: str) -> None:
     """``url`` must be http(s)://host:port, nothing more (ConfigError naming ``key``)."""
     require(bool(url), key, "required: http(s)://host:port")
@@ -454,10 +543,40 @@ class ControllerConfig:
     # exponential tail of the mean).
     latency_criterion: str = "quantile"
     # Squared coefficients of variation of inter-arrival and service times used by
-    # the latency model (1.0 = Poisson-like).
+    # the latency model (1.0 = Poisson-like) under `variability = "fixed"`, and
+    # for an operator whose slots do not yet hold enough evidence to measure them.
     arrival_scv: float = 1.0
     # (the same for service times)
     service_scv: float = 1.0
+    # `measured`: each operator's arrival and service C² measured from its slot
+    # counters (second differences of per-slot counts and mean service times,
+    # docs/latency-model.md, "Measured variability"); `fixed`: arrival_scv and
+    # service_scv for every operator.
+    variability: str = "measured"
+    # Slots of each operator's counters the measurement looks back over.
+    variability_slots: int = 60
+    # Evidence needed before a measured C² replaces the fixed one: this many
+    # triples of consecutive slots ...
+    variability_min_slots: int = 10
+    # ... each slot with at least this many tuples (arrived, or executed for service).
+    variability_min_tuples: float = 10.0
+    # Bounds of a measured C² (outside them a few transient slots would dominate,
+    # or the queueing models leave their range of accuracy).
+    scv_min: float = 0.05
+    # (upper bound)
+    scv_max: float = 4.0
+    # `on`: correct each instance's CPU per tuple for its node's memory-bandwidth
+    # saturation (resctrl counters; docs/controller.md, "Interference"); `off`.
+    interference: str = "on"
+    # Peak memory bandwidth of a node (bytes/s), what its utilisation is measured
+    # against. 0: unknown, and no node is corrected (the record says so).
+    memory_bandwidth_peak_bytes_per_second: float = 0.0
+    # Slowdown of CPU work on a node at bandwidth utilisation u:
+    # 1 + interference_slope * max(0, u - interference_threshold)
+    # (predict.interference; fit them from history with fit_interference).
+    interference_threshold: float = 0.6
+    # (the slope of that hinge; 0: no slowdown)
+    interference_slope: float = 1.0
     # What the DP maximises: `covered` demand weighted by class, or `latency`
     # (weighted fraction of tuples predicted to meet the target).
     dp_value: str = "covered"
@@ -505,11 +624,19 @@ class ControllerConfig:
     # slot and runs the streaming job itself; set it false when dsched-history
     # runs as its own service on the same spool.
     history: HistoryConfig = field(default_factory=HistoryConfig)
+    # Task performance model table the controller loads at start and reloads when the
+    # file changes: JSON from `dsched profile OPERATOR --json PATH` or Parquet from
+    # `dsched-history fit` (by suffix). Unset: the fitted table,
+    # `<history model_dir>/perf/current.parquet`. A bad table is refused and the models
+    # loaded before stay (docs/perf-models.md).
+    perf_model_table: Path | None = None
     # Engines whose counters come from their own API (`[[engine]]`; docs/controller.md).
     engine: list[EngineConfig] = field(default_factory=list)
     # Who adds or removes a node when the DP recommends it (`[node_pool]`;
     # docs/node-pool.md).
     node_pool: NodePoolConfig = field(default_factory=NodePoolConfig)
+    # How many instances each operator runs (`[parallelism]`; docs/parallelism.md).
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
 
     def validate(self) -> None:
         for key in ("listen", "metrics"):
@@ -577,6 +704,52 @@ class ControllerConfig:
         )
         require(self.arrival_scv >= 0, "arrival_scv", "must be >= 0")
         require(self.service_scv >= 0, "service_scv", "must be >= 0")
+        require(
+            self.variability in ("measured", "fixed"),
+            "variability",
+            f"must be measured or fixed, got {self.variability!r}",
+        )
+        require(self.variability_slots >= 3, "variability_slots", "must be >= 3")
+        require(self.variability_min_slots >= 1, "variability_min_slots", "must be >= 1")
+        require(
+            self.variability_min_slots <= self.variability_slots - 2,
+            "variability_min_slots",
+            "must be <= variability_slots - 2 (a triple of slots per estimate)",
+        )
+        require(
+            math.isfinite(self.variability_min_tuples) and self.variability_min_tuples >= 0,
+            "variability_min_tuples",
+            "must be a number >= 0",
+        )
+        require(
+            math.isfinite(self.scv_min) and self.scv_min >= 0, "scv_min", "must be a number >= 0"
+        )
+        require(
+            math.isfinite(self.scv_max) and self.scv_max >= self.scv_min,
+            "scv_max",
+            "must be a number >= scv_min",
+        )
+        require(
+            self.interference in ("on", "off"),
+            "interference",
+            f"must be on or off, got {self.interference!r}",
+        )
+        require(
+            math.isfinite(self.memory_bandwidth_peak_bytes_per_second)
+            and self.memory_bandwidth_peak_bytes_per_second >= 0,
+            "memory_bandwidth_peak_bytes_per_second",
+            "must be a number >= 0",
+        )
+        require(
+            math.isfinite(self.interference_threshold) and 0 <= self.interference_threshold <= 1,
+            "interference_threshold",
+            "must be in [0, 1]",
+        )
+        require(
+            math.isfinite(self.interference_slope) and self.interference_slope >= 0,
+            "interference_slope",
+            "must be a number >= 0",
+        )
         require(self.dp_value in DP_VALUES, "dp_value", f"must be one of {', '.join(DP_VALUES)}")
         require(self.dp_max_units >= 10, "dp_max_units", "must be >= 10")
         require(self.node_cost >= 0, "node_cost", "must be >= 0")
@@ -595,6 +768,9 @@ class ControllerConfig:
             "must be a number >= 0",
         )
         require(self.decisions_kept >= 1, "decisions_kept", "must be >= 1")
+        from controller.edges.models import check_table_path
+
+        check_table_path("perf_model_table", self.perf_model_table)
         require(
             math.isfinite(self.move_timeout_seconds) and self.move_timeout_seconds > 0,
             "move_timeout_seconds",
@@ -623,6 +799,12 @@ class ControllerConfig:
         except ConfigError as exc:
             if not exc.key.startswith("node_pool."):
                 raise ConfigError(f"node_pool.{exc.key}", str(exc).split(": ", 1)[1]) from None
+            raise
+        try:
+            self.parallelism.validate()
+        except ConfigError as exc:
+            if not exc.key.startswith("parallelism."):
+                raise ConfigError(f"parallelism.{exc.key}", str(exc).split(": ", 1)[1]) from None
             raise
         if self.node_pool.strategy == "testbed":
             require(

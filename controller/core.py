@@ -24,7 +24,9 @@ from controller.edges.cluster import AgentInfo, ObservedCluster
 from controller.edges.engines import EngineEdge, places_itself
 from controller.edges.history import HistoryEdge
 from controller.edges.metrics import ControllerMetrics
+from controller.edges.models import PerfModelsEdge
 from controller.edges.nodepool import NodePoolEdge
+from controller.edges.parallelism import ParallelismEdge
 from controller.edges.store import StateStore
 from controller.epoch import EpochInputs, EpochResult, run_epoch
 from controller.memory import ControllerMemory, DemandPeaks
@@ -267,9 +269,15 @@ class Controller:
                 config.history, config.state_dir, config.slot_seconds, self.metrics.registry
             )
         self.placement = build_placement(config)
+        # Task performance models (docs/perf-models.md): loaded now, reloaded each
+        # epoch when their file changes, and handed to a strategy that uses them.
+        self.models = PerfModelsEdge.from_config(config, self.metrics.registry)
+        self.models.apply(self.placement)
         self.qos = QosRegistry(config.qos, self.store)
         # Carries out the DP's node recommendation (side effects, off the pure stages).
         self.node_pool = NodePoolEdge.from_config(config, clock=clock, store=self.store)
+        # Instance counts per operator, decided and (by its actuator) carried out.
+        self.parallelism = ParallelismEdge.from_config(config)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -473,6 +481,8 @@ class Controller:
             self.epoch += 1
             cfg = self.config
             self.cluster.forget_vanished(now)
+            self.models.refresh()
+            self.models.apply(self.placement)
             # Instances without engine counters this slot: out of the views, caps held.
             unmeasured = dict(self.cluster.unmeasured)
             views = evaluate(self.cluster, cfg.phi, exclude=unmeasured, rows=self.memory.slot_rows)
@@ -491,6 +501,7 @@ class Controller:
                 },
                 capacity=self.node_capacity(),
                 unmeasured=unmeasured,
+                memory_bandwidth=self.cluster.memory_bandwidth(),
             )
             result = run_epoch(
                 inputs, self.memory.view(), cfg, self.allocator, defer_explanation=True
@@ -540,6 +551,9 @@ class Controller:
             new_rejections = {r: n - self._rejected_seen.get(r, 0) for r, n in rejected.items()}
             self._rejected_seen = rejected
             node_pool_action = self.node_pool.offer(result, enforce=enforce)
+            # MBA where a performance model is loaded for the operator.
+            self.parallelism.set_models(self.models.current())
+            parallelism = self.parallelism.offer(result, enforce=enforce)
             t_record = time.perf_counter()
             cpu_record = time.thread_time()
             record = build_record(
@@ -555,6 +569,7 @@ class Controller:
                 rejected={r: n for r, n in new_rejections.items() if n},
                 node_pool_action=node_pool_action,
             )
+            record["parallelism"] = parallelism
             record["placement"].update(self._offer_placement(result))
             for row in record["apps"]:
                 if row["violation"]:

@@ -50,7 +50,14 @@ from controller.stages.hysteresis import (
     hold_caps,
     hysteresis_columns,
 )
+from controller.stages.interference import interference_factors
+from controller.stages.variability import (
+    OperatorVariability,
+    VariabilitySettings,
+    measure_variability,
+)
 from dsched.ids import InstanceKey, OperatorKey
+from predict.interference import InterferenceModel
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,9 @@ class EpochInputs:
     # Instances that reported without usable counters (engine counters missing):
     # not in ``views``; their caps are held.
     unmeasured: Mapping[InstanceKey, Unmeasured] = field(default_factory=dict)
+    # Node -> memory bandwidth over the last slot (bytes/s, all resctrl groups),
+    # None where the node has no counter (stages/interference.py).
+    memory_bandwidth: Mapping[str, float | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,6 +108,13 @@ class EpochResult:
     forecast_levels: tuple[float, ...] = ()
     latency_model: str = "allen-cunneen"
     latency_criterion: str = "mean"
+    # Per operator: the arrival and service C² the latency model used, and their
+    # source (stages/variability.py); the slots the memory keeps for them (0: none).
+    variability: dict[OperatorKey, OperatorVariability] = field(default_factory=dict)
+    variability_slots: int = 0
+    # Per node: the interference correction applied or why none was
+    # (stages/interference.py, Interference.record()).
+    interference: dict[str, dict] = field(default_factory=dict)
     # run_epoch(defer_explanation=True): what explain() still has to compute.
     pending_explanation: Callable[[], tuple[dict, dict, dict]] | None = field(
         default=None, repr=False
@@ -190,12 +207,38 @@ def run_epoch(
     budgets = latency_budgets(views, forecasts, {a: c.target_seconds for a, c in classes.items()})
     by_quantile = cfg.latency_criterion == "quantile"
     model = cfg.latency_model
+    variability = measure_variability(
+        views,
+        memory.variability,
+        VariabilitySettings(
+            cfg.variability,
+            cfg.arrival_scv,
+            cfg.service_scv,
+            cfg.variability_slots,
+            cfg.variability_min_slots,
+            cfg.variability_min_tuples,
+            cfg.scv_min,
+            cfg.scv_max,
+        ),
+    )
+    # Fixed: the scalars, as before (the vectorised paths broadcast them).
+    fixed = cfg.variability != "measured"
+    arrival_scv = cfg.arrival_scv if fixed else variability.arrival()
+    service_scv = cfg.service_scv if fixed else variability.service()
+    interference = interference_factors(
+        views,
+        inputs.memory_bandwidth,
+        cfg.memory_bandwidth_peak_bytes_per_second,
+        InterferenceModel(cfg.interference_threshold, cfg.interference_slope),
+        enabled=cfg.interference == "on",
+        nodes=capacity,
+    )
     needs = latency_needs(
         views,
         forecasts,
         budgets,
-        cfg.arrival_scv,
-        cfg.service_scv,
+        arrival_scv,
+        service_scv,
         model=model,
         quantiles={a: c.sojourn_quantile for a, c in classes.items()} if by_quantile else None,
     )
@@ -207,6 +250,7 @@ def run_epoch(
         cfg.max_instance_cores,
         drain_seconds=cfg.backlog_drain_slots * cfg.slot_seconds,
         floor_cores=cfg.min_cap_cores,
+        kappa_factor=interference.factors,
     )
     models = (
         app_latency_models(
@@ -214,8 +258,8 @@ def run_epoch(
             forecasts,
             demands,
             cfg.min_cap_cores,
-            cfg.arrival_scv,
-            cfg.service_scv,
+            arrival_scv,
+            service_scv,
             model=model,
             budgets=budgets if by_quantile else None,
         )
@@ -274,8 +318,8 @@ def run_epoch(
             views,
             forecasts,
             measured_caps,
-            cfg.arrival_scv,
-            cfg.service_scv,
+            arrival_scv,
+            service_scv,
             cfg.max_instance_cores,
             model,
         )
@@ -285,8 +329,8 @@ def run_epoch(
                 forecasts,
                 measured_caps,
                 budgets,
-                cfg.arrival_scv,
-                cfg.service_scv,
+                arrival_scv,
+                service_scv,
                 cfg.max_instance_cores,
                 model,
             )
@@ -328,6 +372,9 @@ def run_epoch(
         ),
         latency_model=model,
         latency_criterion=cfg.latency_criterion,
+        variability=variability.by_operator,
+        variability_slots=0 if fixed else cfg.variability_slots,
+        interference=interference.record(),
         timing={
             **_spans(
                 (

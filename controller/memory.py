@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 from controller.stages.evaluate import SlotRows
 from controller.stages.forecast import SourceHistory
 from controller.stages.hysteresis import HysteresisState
+from controller.stages.variability import VariabilityMemory
 from dsched.ids import InstanceKey, OperatorKey
 from predict.intervals import ConformalBank
 
@@ -127,6 +128,8 @@ class MemoryView:
     peaks: DemandPeaks | None
     #: Each operator's recent one-step forecast errors (read with ``upper`` only).
     forecast_bank: ConformalBank | None = None
+    #: Each operator's recent slot totals (read with ``window`` only).
+    variability: VariabilityMemory | None = None
 
 
 @dataclass
@@ -157,6 +160,8 @@ class ControllerMemory:
     #: What evaluate read from the slots last epoch: a cache of values that
     #: cannot change (slots are frozen), not a memory the decisions depend on.
     slot_rows: SlotRows = field(default_factory=SlotRows, compare=False, repr=False)
+    #: Each operator's last slot totals, for measuring its arrival and service C².
+    variability: VariabilityMemory = field(default_factory=VariabilityMemory)
 
     @classmethod
     def resumed(
@@ -187,6 +192,7 @@ class ControllerMemory:
             self.sources,
             self.peaks,
             self.forecast_bank,
+            self.variability,
         )
 
     def apply_seed(
@@ -243,6 +249,8 @@ class ControllerMemory:
         if self.peaks is not None:
             self.peaks.advance({k: d.cores for k, d in result.demands.items()}, keep=result.held)
         self._score_forecasts(result)
+        if result.variability_slots:
+            self.variability.observe(result.views, result.variability_slots)
         held = self._held_now
         hysteresis = {k: s for k, s in self.hysteresis.items() if k in held} if held else {}
         hysteresis.update(zip(result.steps, map(_state, result.steps.values()), strict=True))

@@ -62,6 +62,17 @@ def _per_view(ops: list, field: str, default: Any) -> list:
     )
 
 
+def _variability_row(v: Any) -> dict[str, Any]:
+    if v is None:
+        return {}
+    return {
+        "arrival_scv": v.arrival_scv,
+        "service_scv": v.service_scv,
+        "arrival_scv_source": v.arrival_source,
+        "service_scv_source": v.service_source,
+    }
+
+
 def build_record(
     result: EpochResult,
     *,
@@ -249,7 +260,9 @@ def build_record(
             }
             for app in sorted(alloc.apps)
         ],
-        # Per operator (the order of `operators`): point forecast and sized rate.
+        # Per operator (the order of `operators`): point forecast and sized rate,
+        # and the C² of arrivals and service the latency model used, with their
+        # source ("measured", "fixed: configured", "fixed: not enough evidence").
         "operators": [
             {
                 "app": op.app,
@@ -257,9 +270,14 @@ def build_record(
                 "forecast_quantile": fc.quantile,
                 "point_rate": fc.rate,
                 "sized_rate": fc.demand_rate,
+                **_variability_row(result.variability.get(op)),
             }
             for op, fc in zip(views, map(forecasts.__getitem__, views), strict=True)
         ],
+        # Per node: the interference correction of CPU per tuple ("applied <slowdown>")
+        # or why there is none ("unavailable: ...", "off"), with the bandwidth
+        # utilisation and slowdown behind it.
+        "interference": dict(result.interference),
     }
     return {
         "epoch": epoch,
@@ -331,6 +349,13 @@ def _app_lines(app: str, rec: dict[str, Any], row: dict[str, Any]) -> list[str]:
     pool = rec.get("node_pool_action")
     if pool and pool["recommended"] != "none":
         lines.append(f"  node pool ({pool['strategy']}): {pool['outcome']}: {pool['reason']}")
+    # Records from before parallelism was decided have no entry.
+    for op in (rec.get("parallelism") or {}).get("operators", []):
+        if op["app"] == app and op["decided"] != op["current"]:
+            lines.append(
+                f"  parallelism {op['operator']}: {op['current']} -> {op['decided']} "
+                f"({op['rule']}): {op['outcome']}: {op['reason']}"
+            )
     return lines
 
 

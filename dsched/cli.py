@@ -1,7 +1,8 @@
-"""`dsched`: the umbrella command (`dsched demo`, `dsched bench NAME`).
+"""`dsched`: the umbrella command (`dsched demo`, `dsched bench NAME`,
+`dsched profile OPERATOR`).
 
-Both subcommands run code that the installed package does not carry: the demo
-lives in ``testbed/`` and the benchmarks in ``bench/``, which stay in the
+The subcommands run code that the installed package does not carry: the demo
+and the profiler live in ``testbed/`` and the benchmarks in ``bench/``, which stay in the
 source tree so that agent nodes install only the daemons. They are imported
 when the command runs; without them (a wheel install) it says how to get them
 and exits with code 2.
@@ -24,7 +25,7 @@ _OURS = {"dsched", "dsched_pb", "agent", "controller", "predict", "spark_stream"
 _SOURCE_ONLY = {"testbed", "bench"}
 
 MISSING = (
-    "dsched: error: `dsched demo` and `dsched bench` need the testbed and the "
+    "dsched: error: `dsched demo`, `dsched bench` and `dsched profile` need the testbed and the "
     "benchmarks with their dependencies, and this installation lacks them ({why}). "
     "Run them from a source checkout of dsched after "
     "`pip install -e '.[testbed,bench]'` (or `make install`)."
@@ -36,16 +37,17 @@ def _benchmarks(bench: ModuleType) -> list[str]:
     return sorted(n.replace("_", "-") for n in names if n not in _NOT_BENCHMARKS)
 
 
-def _load() -> tuple[ModuleType, dict[str, ModuleType]]:
-    """The demo module and the benchmark modules (name -> module)."""
+def _load() -> tuple[ModuleType, ModuleType, dict[str, ModuleType]]:
+    """The demo and profiler modules and the benchmark modules (name -> module)."""
     demo = importlib.import_module("testbed.demo")
+    profile = importlib.import_module("testbed.profile")
     bench = importlib.import_module("bench")
     modules = {}
     for name in _benchmarks(bench):
         mod = importlib.import_module("bench." + name.replace("-", "_"))
         if hasattr(mod, "run"):
             modules[name] = mod
-    return demo, modules
+    return demo, profile, modules
 
 
 def _missing_install(exc: ImportError) -> bool:
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     try:
-        demo, benchmarks = _load()
+        demo, profile, benchmarks = _load()
     except ImportError as exc:
         if not _missing_install(exc):
             raise
@@ -79,7 +81,7 @@ def _main(argv: list[str]) -> int:
         return 2
     parser = argparse.ArgumentParser(
         prog="dsched",
-        description="dsched umbrella command: run the demo or a benchmark.",
+        description="dsched umbrella command: run the demo, a benchmark or the profiler.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     demo_p = sub.add_parser(
@@ -89,6 +91,14 @@ def _main(argv: list[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     demo.add_arguments(demo_p)
+
+    profile_p = sub.add_parser(
+        "profile",
+        help="performance model of a testbed operator from real runs under a cap",
+        description=profile.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    profile.add_arguments(profile_p)
 
     bench_p = sub.add_parser("bench", help="run a benchmark (JSON, and PNG where useful)")
     bench_sub = bench_p.add_subparsers(dest="benchmark", required=True, metavar="NAME")
@@ -106,10 +116,17 @@ def _main(argv: list[str]) -> int:
     try:
         if args.command == "demo":
             return demo.run(args)
+        if args.command == "profile":
+            return profile.run(args)
         return int(benchmarks[args.benchmark].run(args) or 0)
     except ValueError as exc:
         # Bad arguments are refused by the runs before anything starts.
         parser.exit(2, f"dsched: error: {exc}\n")
+    except RuntimeError as exc:
+        if args.command != "profile":
+            raise
+        # The machine cannot run it (no writable cgroup v1 cpu controller).
+        parser.exit(1, f"dsched profile: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -10,10 +10,16 @@ with ``groupBy(app, operator).applyInPandas``:
   :meth:`predict.perfmodel.PerformanceModel.from_table`: for each observed
   instance count, the highest executed rate seen (a lower bound on the peak stable
   rate, since history only shows what the load asked for) and the CPU% of one core
-  at that window. Memory is not sampled by the agent, so ``memory_percent`` is NaN.
+  at that window (``basis`` "observed"). A model scales from one thread, and an
+  operator seldom runs a single instance, so where no window had one, a one-thread
+  row is the busiest window's mean per instance: each instance is one thread, and
+  its rate and CPU are its share of the operator's (``basis`` "per-instance").
+  Memory is not sampled per instance by the agent, so ``memory_percent`` is null;
+  the controller reads a null memory as no memory bound (docs/perf-models.md).
 
 The results are small, so the driver writes each model table as one Parquet file
-(atomic rename) under ``model_dir``, stamped with the fit time.
+(atomic rename) under ``model_dir``, stamped with the fit time. The controller
+loads ``model_dir/perf/current.parquet`` (its ``perf_model_table`` by default).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ PERF_TABLE = pa.schema(
         ("kappa", pa.float64()),
         ("selectivity", pa.float64()),
         ("windows", pa.int64()),
+        ("basis", pa.string()),
     ]
 )
 _FITTED_AT = b"dsched.fitted_at"
@@ -106,24 +113,40 @@ def fit_perf_group(frame: pd.DataFrame) -> pd.DataFrame:
         }
     )
     work = work[(work["threads"] >= 1) & np.isfinite(work["rate"])]
+
+    def row(group: pd.DataFrame, threads: int, rate: float, cpu: float, basis: str) -> dict:
+        executed = group["executed"].sum()
+        return {
+            "app": frame["app"].iloc[0],
+            "operator": frame["operator"].iloc[0],
+            "threads": threads,
+            "peak_rate": rate,
+            "cpu_percent": cpu,
+            "memory_percent": math.nan,
+            "kappa": float(group["cpu"].sum() / executed) if executed > 0 else math.nan,
+            "selectivity": float(group["emitted"].sum() / executed) if executed > 0 else math.nan,
+            "windows": len(group),
+            "basis": basis,
+        }
+
     rows = []
     for threads, group in work.groupby("threads"):
         peak = group.loc[group["rate"].idxmax()]
-        executed = group["executed"].sum()
         rows.append(
-            {
-                "app": frame["app"].iloc[0],
-                "operator": frame["operator"].iloc[0],
-                "threads": int(threads),
-                "peak_rate": float(peak["rate"]),
-                "cpu_percent": float(peak["cpu_percent"]),
-                "memory_percent": math.nan,
-                "kappa": float(group["cpu"].sum() / executed) if executed > 0 else math.nan,
-                "selectivity": float(group["emitted"].sum() / executed)
-                if executed > 0
-                else math.nan,
-                "windows": len(group),
-            }
+            row(group, int(threads), float(peak["rate"]), float(peak["cpu_percent"]), "observed")
+        )
+    if rows and rows[0]["threads"] != 1:
+        per_instance = work["rate"] / work["threads"]
+        busiest = work.loc[per_instance.idxmax()]
+        rows.insert(
+            0,
+            row(
+                work,
+                1,
+                float(busiest["rate"] / busiest["threads"]),
+                float(busiest["cpu_percent"] / busiest["threads"]),
+                "per-instance",
+            ),
         )
     return pd.DataFrame(rows, columns=PERF_TABLE.names)
 
@@ -150,8 +173,10 @@ def read_model_table(directory: Path, schema: pa.Schema) -> tuple[pd.DataFrame, 
     return table.to_pandas(), float(stamp) if stamp else None
 
 
-def fit_models(spark, config: HistoryConfig) -> dict[str, int]:
-    """Fit every operator in the history table; write the model tables; return counts."""
+def fit_models(spark, config: HistoryConfig) -> dict[str, int | str]:
+    """Fit every operator in the history table; write the model tables; return counts
+    and where the performance model table is (the controller's default
+    ``perf_model_table``)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -191,7 +216,7 @@ def fit_models(spark, config: HistoryConfig) -> dict[str, int]:
     write_model_table(
         arima.sort_values(["app", "operator"]), config.model_dir / "arima", ARIMA_TABLE, fitted_at
     )
-    write_model_table(
+    perf_path = write_model_table(
         perf.sort_values(["app", "operator", "threads"]),
         config.model_dir / "perf",
         PERF_TABLE,
@@ -201,4 +226,5 @@ def fit_models(spark, config: HistoryConfig) -> dict[str, int]:
         "operators": len(arima),
         "arima_ok": int((arima["status"] == "ok").sum()),
         "perf_rows": len(perf),
+        "perf_table": str(perf_path),
     }

@@ -26,6 +26,7 @@ SERIAL_FILES = frozenset(
         "test_controller_live.py",  # gold's latency against bronze's
         "test_dry_run_nothing_changes.py",  # the whole cgroup tree before and after
         "test_flink_agent.py",  # a saturated subtask measures its cap
+        "test_perf_profile.py",  # CPU and latency of trials under a slot's cap
         "test_sim_calibration.py",  # the simulator against measured CPU
     }
 )

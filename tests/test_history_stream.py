@@ -12,6 +12,7 @@ import time
 import pandas as pd
 import pytest
 
+from controller.edges.models import default_table, read_table
 from spark_stream import job
 from spark_stream.config import HistoryConfig
 from spark_stream.embedded import EmbeddedHistory
@@ -193,11 +194,19 @@ def test_fit_writes_arima_orders_and_perf_models_the_controller_loads(spark, tmp
     order = models.arima_order("wc", "split")
     assert order is not None and order[1] in (0, 1)
     perf = models.perf.set_index(["app", "operator"])
-    row = perf.loc[("wc", "count")]
-    assert int(row["threads"]) == 3
+    rows = perf.loc[("wc", "count")]
+    # Three instances observed; the model's one-thread row is their mean.
+    assert list(rows["threads"]) == [1, 3]
+    assert list(rows["basis"]) == ["per-instance", "observed"]
+    row = rows.iloc[1]
+    assert rows.iloc[0]["peak_rate"] == pytest.approx(row["peak_rate"] / 3)
     peak = (
         max(H.expected_operator("wc", "count", s)["executed"] for s in range(24)) / H.SLOT_SECONDS
     )
     assert row["peak_rate"] == pytest.approx(peak)
     assert row["kappa"] == pytest.approx(0.001)
     assert row["selectivity"] == pytest.approx(2.0)
+    # The table the controller loads (its default perf_model_table).
+    loaded = read_table(default_table(config.model_dir))
+    assert loaded["wc/count"].peak_rate(3) == pytest.approx(peak)
+    assert loaded["wc/count"].memory_percent(1) == 0.0  # not sampled: no memory bound

@@ -545,6 +545,22 @@ class ObservedCluster:
     def node_capacity(self) -> dict[str, float]:
         return {n: a.cpu_capacity_cores for n, a in self.agents.items() if a.connected}
 
+    def memory_bandwidth(self) -> dict[str, float | None]:
+        """Node -> memory bandwidth of its last report (bytes/s, summed over the
+        node's resctrl groups); None where the node has no such counter: a
+        missing counter is never read as an idle memory bus."""
+        out: dict[str, float | None] = {}
+        for n, a in self.agents.items():
+            if not a.connected:
+                continue
+            ns = a.node_sample
+            if ns is None or not ns.memory_bandwidth_available:
+                out[n] = None
+            else:
+                values = [v for v in ns.memory_bandwidth_bytes_per_second.values() if v >= 0]
+                out[n] = math.fsum(values) if all(map(math.isfinite, values)) else None
+        return out
+
     def instances_per_node(self) -> dict[str, int]:
         """Node -> instances with a history there. Safe without the controller's
         lock (a status call): computed from a snapshot, and kept until the next

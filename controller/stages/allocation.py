@@ -144,8 +144,9 @@ class AppLatencyModel:
     share: np.ndarray
     parents: tuple[tuple[int, ...], ...]
     floor_cores: np.ndarray  # per operator: the floors of its instances, summed
-    arrival_scv: float = 1.0
-    service_scv: float = 1.0
+    # C² of arrivals and service: one for all operators, or an array, one per operator.
+    arrival_scv: float | np.ndarray = 1.0
+    service_scv: float | np.ndarray = 1.0
     # Queueing model of the waits (predict.queueing.WAIT_MODELS).
     model: str = "allen-cunneen"
     # Per operator: its share of the target (seconds). Given, the violation estimate
@@ -165,7 +166,8 @@ class AppLatencyModel:
         extra, mu = self._service_rates(extra_cores)
         m = self.instances[:, None]
         lam = self.arrival_rate[:, None]
-        wait = wait_arrays(self.model, lam, mu, m, self.arrival_scv, self.service_scv)[0]
+        ca2, cs2 = _per_operator(self.arrival_scv), _per_operator(self.service_scv)
+        wait = wait_arrays(self.model, lam, mu, m, ca2, cs2)[0]
         sojourn = np.where(lam > 0, wait + 1 / mu, np.where(self.kappa[:, None] > 0, 1 / mu, 0.0))
         path = np.zeros_like(sojourn)
         for j, ps in enumerate(self.parents):
@@ -190,10 +192,18 @@ class AppLatencyModel:
             self.arrival_rate[has, None],
             mu[has],
             self.instances[has, None],
-            self.arrival_scv,
-            self.service_scv,
+            _per_operator(self.arrival_scv, has),
+            _per_operator(self.service_scv, has),
         )
         return tail.max(axis=0)
+
+
+def _per_operator(scv: float | np.ndarray, rows: np.ndarray | None = None):
+    """A C² as a column against (operators x grants), or the scalar as it is."""
+    if np.ndim(scv) == 0:
+        return scv
+    col = np.asarray(scv, dtype=float)
+    return (col if rows is None else col[rows])[:, None]
 
 
 def violation_ratio(latency_seconds: np.ndarray, target_seconds: float) -> np.ndarray:

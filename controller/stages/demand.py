@@ -126,6 +126,7 @@ def instance_demands(
     max_instance_cores: float,
     drain_seconds: float,
     floor_cores: float,
+    kappa_factor: Mapping[InstanceKey, float] | None = None,
 ) -> dict[InstanceKey, InstanceDemand]:
     """Every instance's demand from ``WithFloor(WithBacklogDrain(WithLatencyTarget(
     RateDemand(), needs, max_instance_cores), drain_seconds), floor_cores)`` (without
@@ -135,6 +136,11 @@ def instance_demands(
     order, on arrays instead of one instance at a time, so demands and reasons
     are the same to the bit (tests/test_epoch_vectorised.py checks it); the
     estimators stay the readable definition.
+
+    ``kappa_factor`` (instance -> factor, 1 where missing) scales an instance's
+    CPU per tuple, and so every layer's cores, from its operator's: the
+    interference correction of an instance on a node whose memory bandwidth
+    saturates (:mod:`controller.stages.interference`).
     """
     ops = list(views.values())
     if not ops:
@@ -151,17 +157,33 @@ def instance_demands(
     )
     # RateDemand: psi * kappa / T, the same for every instance of an operator.
     cores = np.repeat(rate * kappa / np.maximum(1, counts), counts)
+    factor = (
+        np.fromiter(map(kappa_factor.get, keys, repeat(1.0)), float, len(keys))
+        if kappa_factor
+        else None
+    )
+    if factor is not None:
+        cores = cores * factor
     reason = np.full(len(keys), _RATE)
     if needs is not None:
         has = np.fromiter((v.key in needs for v in ops), bool, len(ops))
         need = np.fromiter((needs.get(v.key, 0.0) for v in ops), float, len(ops))
-        why = np.where(need > max_instance_cores, _UNREACHABLE, _LATENCY)
-        need = np.where(need > max_instance_cores, max_instance_cores, need)
-        need, why, has = np.repeat(need, counts), np.repeat(why, counts), np.repeat(has, counts)
+        if factor is not None:
+            # The need is a service rate times kappa: each instance's own kappa.
+            need, has = np.repeat(need, counts) * factor, np.repeat(has, counts)
+            why = np.where(need > max_instance_cores, _UNREACHABLE, _LATENCY)
+            need = np.where(need > max_instance_cores, max_instance_cores, need)
+        else:
+            why = np.where(need > max_instance_cores, _UNREACHABLE, _LATENCY)
+            need = np.where(need > max_instance_cores, max_instance_cores, need)
+            need, why = np.repeat(need, counts), np.repeat(why, counts)
+            has = np.repeat(has, counts)
         raise_ = has & ~(cores >= need)
         cores = np.where(raise_, need, cores)
         reason = np.where(raise_, why, reason)
     inst_kappa = np.repeat(kappa, counts)
+    if factor is not None:
+        inst_kappa = inst_kappa * factor
     extra = queue * inst_kappa / drain_seconds
     reason = np.where(extra > cores, _BACKLOG, reason)
     cores = cores + extra
@@ -229,12 +251,26 @@ def latency_budgets(
 QUANTILE_RATE_RTOL = 1e-4
 
 
+#: C² as the latency functions take it: one value for every operator, or each
+#: operator's own (:func:`controller.stages.variability.measure_variability`).
+Scv = float | Mapping[OperatorKey, float]
+
+
+def scv_column(value: Scv, keys: list[OperatorKey]) -> float | np.ndarray:
+    """``value`` for ``keys`` in order: the scalar itself (the vectorised paths
+    broadcast it, as before), or an array of each operator's value (1, the
+    Poisson value, for an operator the mapping lacks)."""
+    if isinstance(value, Mapping):
+        return np.fromiter((value.get(k, 1.0) for k in keys), float, len(keys))
+    return value
+
+
 def latency_needs(
     views: Mapping[OperatorKey, OperatorView],
     forecasts: Mapping[OperatorKey, OperatorForecast],
     budgets: Mapping[OperatorKey, float],
-    arrival_scv: float = 1.0,
-    service_scv: float = 1.0,
+    arrival_scv: Scv = 1.0,
+    service_scv: Scv = 1.0,
     *,
     model: str = "allen-cunneen",
     quantiles: Mapping[str, float] | None = None,
@@ -261,6 +297,7 @@ def latency_needs(
     target = np.array([budgets[k] for k in keys])
     lam = np.array([forecasts[k].demand_rate for k in keys])
     servers = np.array([len(views[k].instances) for k in keys], dtype=float)
+    arrival_scv, service_scv = scv_column(arrival_scv, keys), scv_column(service_scv, keys)
     if quantiles is None:
         mu = min_service_rate_for_sojourn_many(
             target, lam, servers, arrival_scv, service_scv, model=model
@@ -327,8 +364,8 @@ def _latency_model(
     ordered: list[OperatorKey],
     share: np.ndarray,
     floor_cores: np.ndarray,
-    arrival_scv: float,
-    service_scv: float,
+    arrival_scv: Scv,
+    service_scv: Scv,
     model: str = "allen-cunneen",
     budgets: Mapping[OperatorKey, float] | None = None,
     sized: bool = False,
@@ -344,8 +381,8 @@ def _latency_model(
         share=share,
         parents=tuple(tuple(index[p] for p in views[k].upstream if p in index) for k in ordered),
         floor_cores=floor_cores,
-        arrival_scv=arrival_scv,
-        service_scv=service_scv,
+        arrival_scv=scv_column(arrival_scv, ordered),
+        service_scv=scv_column(service_scv, ordered),
         model=model,
         budgets=None
         if budgets is None
@@ -358,8 +395,8 @@ def app_latency_models(
     forecasts: Mapping[OperatorKey, OperatorForecast],
     demands: Mapping[InstanceKey, InstanceDemand],
     floor_cores: float,
-    arrival_scv: float = 1.0,
-    service_scv: float = 1.0,
+    arrival_scv: Scv = 1.0,
+    service_scv: Scv = 1.0,
     *,
     model: str = "allen-cunneen",
     budgets: Mapping[OperatorKey, float] | None = None,
@@ -454,8 +491,8 @@ def estimate_latency_seconds(
     views: Mapping[OperatorKey, OperatorView],
     forecasts: Mapping[OperatorKey, OperatorForecast],
     caps: Mapping[InstanceKey, float],
-    arrival_scv: float = 1.0,
-    service_scv: float = 1.0,
+    arrival_scv: Scv = 1.0,
+    service_scv: Scv = 1.0,
     max_instance_cores: float = MAX_INSTANCE_CORES,
     model: str = "allen-cunneen",
 ) -> dict[str, float]:
@@ -473,7 +510,8 @@ def estimate_latency_seconds(
         return {}
     apps, ops, sizes, starts = cols.apps, cols.ops, cols.sizes, cols.starts
     lam, m, kappa_raw, mu = cols.lam, cols.m, cols.kappa_raw, cols.mu
-    wait = wait_arrays(model, lam, mu, m, arrival_scv, service_scv)[0]
+    ca2, cs2 = scv_column(arrival_scv, ops), scv_column(service_scv, ops)
+    wait = wait_arrays(model, lam, mu, m, ca2, cs2)[0]
     sojourn = np.where(lam > 0, wait + 1 / mu, np.where(kappa_raw > 0, 1 / mu, 0.0))
     ordered_by_app = cols.ordered_by_app
     # Parents as flat indices, and each operator's position in its app's order.
@@ -505,8 +543,8 @@ def estimate_violation(
     forecasts: Mapping[OperatorKey, OperatorForecast],
     caps: Mapping[InstanceKey, float],
     budgets: Mapping[OperatorKey, float],
-    arrival_scv: float = 1.0,
-    service_scv: float = 1.0,
+    arrival_scv: Scv = 1.0,
+    service_scv: Scv = 1.0,
     max_instance_cores: float = MAX_INSTANCE_CORES,
     model: str = "allen-cunneen",
 ) -> dict[str, float]:
@@ -528,14 +566,16 @@ def estimate_violation(
     has = np.isfinite(budget) & (cols.kappa_raw > 0)
     out = np.zeros(len(cols.ops))
     if has.any():
+        ca2 = np.broadcast_to(scv_column(arrival_scv, cols.ops), budget.shape)
+        cs2 = np.broadcast_to(scv_column(service_scv, cols.ops), budget.shape)
         out[has] = sojourn_exceedance_many(
             model,
             budget[has],
             cols.lam[has],
             cols.mu[has],
             cols.m[has],
-            arrival_scv,
-            service_scv,
+            ca2[has],
+            cs2[has],
         )
     worst = np.maximum.reduceat(out, cols.starts).tolist()
     return dict(zip(cols.apps, worst, strict=True))

@@ -41,6 +41,9 @@ class OperatorView:
     latency_ms: float | None  # mean end-to-end latency of tuples finished here, last slot
     service_ms: float | None  # mean processing time per tuple, over the window
     last_timestamp: float = 0.0  # end of the newest slot
+    # Instance-reported service seconds per slot (summed over instances): the
+    # variability stage needs each slot's mean service time, not just the window's.
+    service_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def usage_cores(self) -> float:
@@ -100,7 +103,7 @@ _window_of = itemgetter(slice(_FIRST, _FIRST + _WIDTH))
     _SERVICE,
 ) = range(_WIDTH)
 # The fields summed per (operator, slot), in the order of the sums below.
-_SUMMED = (_SECONDS, _ARRIVALS, _EXECUTED, _EMITTED, _CPU, _QUEUE)
+_SUMMED = (_SECONDS, _ARRIVALS, _EXECUTED, _EMITTED, _CPU, _QUEUE, _SERVICE)
 
 
 @dataclass
@@ -355,7 +358,7 @@ def evaluate(
         (slot_start + window).tolist(),
         strict=True,
     )
-    cpu_sums, queue_sums = sums[_CPU], sums[_QUEUE]
+    cpu_sums, queue_sums, service_sums = sums[_CPU], sums[_QUEUE], sums[_SERVICE]
     for o, (s, e, a, b) in enumerate(bounds):
         ks = keys[s:e]
         op = layout.ops[o]
@@ -378,5 +381,6 @@ def evaluate(
             latency_ms=(1000 * lat_sum[o] / lat_count[o]) if lat_count[o] else None,
             service_ms=(1000 * service[o] / service_count[o]) if service_count[o] else None,
             last_timestamp=newest[o],
+            service_seconds=service_sums[a:b],
         )
     return views

@@ -19,6 +19,9 @@ from testbed.sim.engine import ClusterSim
 
 #: Simulated time 0 as a Unix time; reports carry base + simulated seconds.
 CLOCK_BASE = 1_700_000_000.0
+#: A simulated node's peak memory bandwidth (bytes/s): the scenario's bandwidth
+#: fractions become bytes with it, as resctrl's mbm_total_bytes counts them.
+NODE_PEAK_BANDWIDTH_BYTES_PER_SECOND = 20e9
 
 
 def node_id(n: int) -> str:
@@ -43,6 +46,9 @@ class SimAgents:
         self.clock_base = clock_base
         self.slot = 0
         self.log = DirectiveLog()
+        # Each instance's bandwidth counter at the last report (resctrl's counters
+        # are cumulative; the agent reports the rate over the slot).
+        self._mbw_last = np.zeros(sim.n_inst)
         self._inbox: dict[str, list[pb.ControllerMessage]] = {}
         sc = sim.sc
         self._op_index = {
@@ -114,8 +120,20 @@ class SimAgents:
             if np.isfinite(cap):
                 sample.cap_cores = cap
             by_node[int(sim.node[i])].append(sample)
-        mbw = np.bincount(sim.node, sim.mbw_seconds, minlength=sc.nodes) / max(sim.t, 1e-9)
+        # Like an agent with resctrl: one monitoring group per application, its
+        # bytes over the slot divided by the slot. The simulator's bandwidth use
+        # is a fraction of a node's bandwidth per core-second.
+        delta = sim.mbw_seconds - self._mbw_last
+        self._mbw_last = sim.mbw_seconds.copy()
+        app_of = sim.op_app[sim.inst_op]
+        n_apps = len(sc.apps)
+        per = np.bincount(sim.node * n_apps + app_of, delta, minlength=sc.nodes * n_apps).reshape(
+            sc.nodes, n_apps
+        )
+        scale = NODE_PEAK_BANDWIDTH_BYTES_PER_SECOND / (sc.epoch_seconds * sim.cores)
+        bytes_per_s = per * scale[:, None]
         for n, samples in by_node.items():
+            groups = {sc.apps[a].name: float(bytes_per_s[n, a]) for a in np.flatnonzero(per[n] > 0)}
             self.controller.on_report(
                 pb.NodeReport(
                     node_id=node_id(n),
@@ -127,7 +145,7 @@ class SimAgents:
                         cpu_capacity_cores=float(sim.cores[n]),
                         cpu_usage_cores=float(sim.last_alloc[sim.node == n].sum()),
                         memory_bandwidth_available=True,
-                        memory_bandwidth_bytes_per_second={"all": float(mbw[n] / sc.epoch_seconds)},
+                        memory_bandwidth_bytes_per_second=groups,
                     ),
                 )
             )

@@ -41,7 +41,7 @@ import numpy as np
 
 from controller.peers import rules
 from controller.peers.rules import ERR_THREADS
-from testbed.sim.agents import CLOCK_BASE, SimAgents
+from testbed.sim.agents import CLOCK_BASE, NODE_PEAK_BANDWIDTH_BYTES_PER_SECOND, SimAgents
 from testbed.sim.engine import UNCAPPED, ClusterSim
 
 
@@ -315,6 +315,11 @@ def simulation_controller_config(
         # the target), so simulated runs stay comparable with earlier results.
         "latency_model": "allen-cunneen",
         "latency_criterion": "mean",
+        # The simulated agents report resctrl-like bandwidth against this peak; the
+        # hinge is the scenario's own (what fit_interference would learn from it).
+        "memory_bandwidth_peak_bytes_per_second": NODE_PEAK_BANDWIDTH_BYTES_PER_SECOND,
+        "interference_threshold": sc.interference_threshold,
+        "interference_slope": sc.interference_slope,
     }
     if "qos" in names and sc.qos:
         from controller.qos import QosClass, QosConfig
@@ -353,6 +358,9 @@ class DschedPolicy:
     allocator: str | None = None
     # Controller settings of the scenario or the run (e.g. predictors, headroom_cores).
     config_overrides: dict[str, object] = field(default_factory=dict)
+    # Instances per operator at the start, placed round robin (empty: one each);
+    # max_parallelism must allow them.
+    initial_parallelism: tuple[int, ...] = ()
     epoch_seconds: list[float] = field(default_factory=list)
     peak_rss_bytes: int = 0
     class_assignment: str = ""
@@ -371,7 +379,12 @@ class DschedPolicy:
         # configures its own at startup.
         tune_gc()
         self.gc_threshold = gc.get_threshold()
-        round_robin_layout(sim, np.ones(sim.n_ops, dtype=int))
+        layout = (
+            np.asarray(self.initial_parallelism, dtype=int)
+            if self.initial_parallelism
+            else np.ones(sim.n_ops, dtype=int)
+        )
+        round_robin_layout(sim, layout)
         self._tmp = tempfile.TemporaryDirectory(prefix="dsched-sim-")
         cfg = simulation_controller_config(
             sim, Path(self._tmp.name), self.allocator, self.config_overrides
@@ -424,6 +437,97 @@ class DschedPolicy:
             self.controller.store.close()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+def spread_onto(sim: ClusterSim, new: int) -> int:
+    """Move instances from the busiest nodes to node ``new`` while that narrows the
+    gap to the mean load per core, stateless ones first (as an engine's rebalance
+    after a node joins); the instances moved."""
+    demand = np.where(sim.alive, sim.work_rate, 0.0)
+    load = np.bincount(sim.node, demand, minlength=len(sim.cores))
+    target = load.sum() / sim.cores.sum() * sim.cores[new]
+    moved = 0
+    while True:
+        util = load / sim.cores
+        util[new] = -np.inf
+        src = int(np.argmax(util))
+        on = np.flatnonzero(sim.active & (sim.node == src) & (demand > 0))
+        if not len(on) or util[src] <= load[new] / sim.cores[new]:
+            return moved
+        order = sorted(
+            on.tolist(), key=lambda i: (bool(sim.op_stateful[sim.inst_op[i]]), -demand[i])
+        )
+        pick = next((i for i in order if load[new] + demand[i] <= target + 1e-9), None)
+        if pick is None:
+            return moved
+        sim.move(pick, new)
+        load[src] -= demand[pick]
+        load[new] += demand[pick]
+        moved += 1
+
+
+def drain_last_node(sim: ClusterSim) -> int:
+    """Move every instance off the newest node to the least loaded others, then
+    take the node away; the instances moved."""
+    last = len(sim.cores) - 1
+    demand = np.where(sim.alive, sim.work_rate, 0.0)
+    load = np.bincount(sim.node, demand, minlength=len(sim.cores))[:last]
+    leaving = np.flatnonzero(sim.alive & (sim.node == last)).tolist()
+    for i in leaving:
+        dest = int(np.argmin(load / sim.cores[:last]))
+        sim.move(i, dest)
+        load[dest] += demand[i]
+    sim.remove_last_node()
+    return len(leaving)
+
+
+@dataclass
+class UtilScalerPolicy:
+    """A cluster autoscaler by utilisation target, the rule of a cloud autoscaling
+    group: one node more after ``add_epochs`` epochs in a row with the cluster's
+    CPU use above ``add_above``, one fewer after ``remove_epochs`` below
+    ``remove_below``, nothing for ``cooldown_epochs`` after a change. Instances
+    follow ``util-target``'s rule (parallelism for 0.7 busy time), uncapped, so
+    an added node has instances to take."""
+
+    name: str = "util-scaler"
+    max_parallelism: int = 8
+    add_above: float = 0.8
+    add_epochs: int = 2
+    remove_below: float = 0.5
+    remove_epochs: int = 5
+    cooldown_epochs: int = 3
+    min_nodes: int = 1
+    max_nodes: int = 0  # 0: no limit
+    added: int = 0
+    removed: int = 0
+    _instances: UtilTargetPolicy = field(default_factory=UtilTargetPolicy)
+    _above: int = 0
+    _below: int = 0
+    _last_change: int = -(10**9)
+
+    def setup(self, sim: ClusterSim) -> None:
+        self._instances.max_parallelism = self.max_parallelism
+        self._instances.setup(sim)
+
+    def on_epoch(self, sim: ClusterSim, obs: EpochObservation) -> None:
+        self._instances.on_epoch(sim, obs)
+        util = float(obs.usage_cores.sum() / sim.cores.sum())
+        self._above = self._above + 1 if util > self.add_above else 0
+        self._below = self._below + 1 if util < self.remove_below else 0
+        if obs.epoch - self._last_change < self.cooldown_epochs:
+            return
+        n = len(sim.cores)
+        if self._above >= self.add_epochs and (not self.max_nodes or n < self.max_nodes):
+            spread_onto(sim, sim.add_node(float(sim.sc.cores_per_node)))
+            self.added += 1
+        elif self._below >= self.remove_epochs and n > self.min_nodes:
+            drain_last_node(sim)
+            self.removed += 1
+        else:
+            return
+        self._last_change = obs.epoch
+        self._above = self._below = 0
 
 
 POLICIES = {

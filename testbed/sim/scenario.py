@@ -466,3 +466,123 @@ def scale(
         qos=SEED004_CLASSES,
         seed=seed,
     )
+
+
+def elastic(
+    epochs: int = 60,
+    *,
+    nodes: int = 2,
+    cores_per_node: float = 4.0,
+    apps_per_class: int = 2,
+    op_work_s: float = 0.01,
+    gold_rate: float = 40.0,
+    other_rate: float = 10.0,
+    gold_burst: float = 2.5,
+    other_burst: float = 1.5,
+    burst_start: int | None = None,
+    burst_end: int | None = None,
+    epoch_seconds: float = 5.0,
+    step_seconds: float = 0.05,
+    seed: int = 20,
+) -> Scenario:
+    """A cluster that is too small in phase II (``dsched bench sim --scenario elastic``).
+
+    Applications of four chained operators (``op_work_s`` of CPU per message
+    each), ``apps_per_class`` per class. Phase I offers 60 % of the cluster by
+    default; from ``burst_start`` gold's rate rises linearly to ``gold_burst``
+    times (the others' to ``other_burst`` times), held to the end: phase II
+    offers 130 %, and gold alone the whole fixed cluster, so only more nodes
+    (and more instances per operator: one instance is one thread) can meet it.
+    """
+    epochs = _count(epochs, "epochs")
+    n = _count(apps_per_class, "apps_per_class")
+    positive(op_work_s, "op_work_s")
+    positive(gold_rate, "gold_rate")
+    positive(other_rate, "other_rate")
+    start = epochs // 4 if burst_start is None else burst_start
+    end = start + max(1, epochs // 6) if burst_end is None else burst_end
+    rates = {"gold": (gold_rate, gold_burst), "silver": (other_rate, other_burst)}
+    rates["bronze"] = rates["silver"]
+    apps = []
+    for cls in CLASS_NAMES:
+        rate, factor = rates[cls]
+        for i in range(n):
+            ops = tuple(OperatorSpec(f"op{k}", op_work_s, 0.7, stateful=(k == 2)) for k in range(4))
+            apps.append(
+                AppSpec(
+                    f"{cls}{i}",
+                    cls,
+                    ops,
+                    ArrivalSpec("poisson", rate=rate),
+                    BurstSpec(start, end, factor),
+                )
+            )
+    return Scenario(
+        name="elastic",
+        nodes=nodes,
+        cores_per_node=cores_per_node,
+        apps=tuple(apps),
+        epochs=epochs,
+        epoch_seconds=epoch_seconds,
+        step_seconds=step_seconds,
+        qos=SEED004_CLASSES,
+        seed=seed,
+    )
+
+
+#: Instances per operator of :func:`interference` at the start (gold's three, the
+#: hog's one), placed round robin: gold on nodes 0, 1, 2, the hog on node 0.
+INTERFERENCE_PARALLELISM = (3, 1)
+
+
+def interference(
+    epochs: int = 40,
+    *,
+    gold_rate: float = 60.0,
+    hog_mbw_per_core: float = 4.5,
+    epoch_seconds: float = 5.0,
+    step_seconds: float = 0.01,
+    seed: int = 20,
+) -> Scenario:
+    """Memory-bandwidth interference ("QoS-aware CPU cap adjustment for timely
+    data-flow", §3.2): three nodes of 4 cores; a gold operator with an instance
+    on each node (20 ms per message, little memory traffic) and a bronze "hog"
+    on node 0 that streams memory (``hog_mbw_per_core`` of a node's bandwidth
+    per core-second). The hog's half core drives node 0's bandwidth past the
+    threshold 0.5 of a slowdown of slope 1, which its own slowed work feeds
+    until both settle near utilisation 0.94 and slowdown 1.44: gold's instance
+    there needs 1.44 times the CPU per message of its siblings. The operator's
+    measured CPU per tuple is their mean (1.15 times the base); sized by it,
+    the instance on node 0 falls short. Run with :data:`INTERFERENCE_PARALLELISM`."""
+    epochs = _count(epochs, "epochs")
+    positive(gold_rate, "gold_rate")
+    non_negative(hog_mbw_per_core, "hog_mbw_per_core")
+    gold = AppSpec(
+        "gold",
+        "gold",
+        (OperatorSpec("work", 0.02, 0.5, mbw_per_core=0.05),),
+        ArrivalSpec("poisson", rate=gold_rate),
+    )
+    hog = AppSpec(
+        "hog",
+        "bronze",
+        (OperatorSpec("scan", 0.01, 0.5, mbw_per_core=hog_mbw_per_core),),
+        ArrivalSpec("poisson", rate=50.0),
+    )
+    return Scenario(
+        name="interference",
+        nodes=3,
+        cores_per_node=4.0,
+        apps=(gold, hog),
+        epochs=epochs,
+        epoch_seconds=epoch_seconds,
+        step_seconds=step_seconds,
+        qos=(
+            QosClassSpec("gold", 200.0, 0.05, 8.0),
+            QosClassSpec("silver", 1000.0, 0.10, 3.0),
+            QosClassSpec("bronze", 5000.0, 0.50, 1.0),
+        ),
+        interference_threshold=0.5,
+        interference_slope=1.0,
+        seed=seed,
+    )

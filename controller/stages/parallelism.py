@@ -1,0 +1,248 @@
+"""How many instances each operator should run: a pure stage, no I/O.
+
+Two rules, chosen per operator:
+
+* **Model-Based Allocation** where a task performance model is known for the
+  operator ("Model-driven Scheduling for Distributed Stream Processing
+  Systems", Alg. 3): full bundles at the model's best thread count, then the
+  fewest threads that carry the remainder of the predicted rate. An instance
+  is one thread here, so MBA's thread count is the instance count.
+* **One instance more or fewer** otherwise, the M+/M- neighbourhood of "QoS-aware
+  CPU cap adjustment for timely data-flow" (§4.2, at most one step per
+  interval): one more when an instance's demand exceeds what one instance may
+  use (``max_instance_cores``) or its latency target cannot be met with caps
+  at that maximum; one fewer when the predicted load would still fit on one
+  instance fewer, each at most ``lower_utilization`` of the maximum, and the
+  latency budget would still be reachable there.
+
+Both go through the same hysteresis as caps: raise at once, lower only after
+``patience`` epochs in a row that all wanted fewer, and always within the
+operator's limits. The stage returns decisions and the new hysteresis state;
+the edge (controller/edges/parallelism.py) keeps the state and acts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from controller.stages.demand import QUANTILE_RATE_RTOL, InstanceDemand
+from controller.stages.evaluate import OperatorView
+from controller.stages.forecast import OperatorForecast
+from dsched.ids import InstanceKey, OperatorKey
+from predict.perfmodel import PerformanceModel, _mba_task
+from predict.queueing import (
+    min_service_rate_for_sojourn_many,
+    min_service_rate_for_sojourn_quantile_many,
+)
+
+# Demand this close above the maximum is rounding, not a reason to grow.
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class OperatorSizing:
+    """What the stage reads of one operator this epoch."""
+
+    current: int  # instances running now
+    rate: float  # tuples/s demand is sized for
+    kappa: float  # CPU-seconds per tuple
+    unreachable: bool  # its latency target needs more than max_instance_cores per instance
+    # Cores per instance its latency budget would need with one instance fewer
+    # (None: no budget, or one instance already).
+    need_one_fewer: float | None = None
+
+    @property
+    def load_cores(self) -> float:
+        """CPU the predicted arrivals need in all, whatever the instance count."""
+        return self.rate * self.kappa
+
+
+@dataclass(frozen=True)
+class ParallelismDecision:
+    current: int
+    decided: int
+    rule: str  # "mba" or "step"
+    reason: str
+    wanted: int  # what the rule asked for before hysteresis and limits
+
+
+def needs_with_one_fewer(
+    sizing: Mapping[OperatorKey, OperatorSizing],
+    budgets: Mapping[OperatorKey, float],
+    *,
+    arrival_scv: float | Mapping[OperatorKey, float],
+    service_scv: float | Mapping[OperatorKey, float],
+    model: str,
+    quantiles: Mapping[str, float] | None = None,
+) -> dict[OperatorKey, float]:
+    """Per operator with more than one instance: the per-instance cores its latency
+    budget needs with one instance fewer (the M- case of "QoS-aware CPU cap
+    adjustment for timely data-flow" §4.2), as the demand stage solves it for the
+    instances running (``quantiles``: app -> sojourn quantile, else the mean).
+    The squared coefficients of variation are one value for all or one per
+    operator (measured; an operator missing takes 1)."""
+    keys = [
+        k
+        for k, s in sizing.items()
+        if s.current > 1
+        and budgets.get(k, 0.0) > 0
+        and s.rate > 0
+        and s.kappa > 0
+        and (quantiles is None or k.app in quantiles)
+    ]
+    if not keys:
+        return {}
+    target = np.array([budgets[k] for k in keys])
+    lam = np.array([sizing[k].rate for k in keys])
+    servers = np.array([sizing[k].current - 1 for k in keys], dtype=float)
+    arrival_scv = _per_key(arrival_scv, keys)
+    service_scv = _per_key(service_scv, keys)
+    if quantiles is None:
+        mu = min_service_rate_for_sojourn_many(
+            target, lam, servers, arrival_scv, service_scv, model=model
+        )
+    else:
+        mu = min_service_rate_for_sojourn_quantile_many(
+            np.array([quantiles[k.app] for k in keys]),
+            target,
+            lam,
+            servers,
+            arrival_scv,
+            service_scv,
+            model=model,
+            rtol=QUANTILE_RATE_RTOL,
+        )
+    kappa = np.array([sizing[k].kappa for k in keys])
+    return dict(zip(keys, (mu * kappa).tolist(), strict=True))
+
+
+def _per_key(value, keys: list[OperatorKey]):
+    if isinstance(value, Mapping):
+        return np.array([float(value.get(k, 1.0)) for k in keys])
+    return float(value)
+
+
+def sizing_inputs(
+    views: Mapping[OperatorKey, OperatorView],
+    forecasts: Mapping[OperatorKey, OperatorForecast],
+    demands: Mapping[InstanceKey, InstanceDemand],
+) -> dict[OperatorKey, OperatorSizing]:
+    """The stage's inputs from one epoch's views, forecasts and instance demands."""
+    out = {}
+    for key, view in views.items():
+        fc = forecasts.get(key)
+        if fc is None or not view.instances:
+            continue
+        out[key] = OperatorSizing(
+            current=len(view.instances),
+            rate=max(0.0, float(fc.demand_rate)),
+            kappa=max(0.0, float(fc.kappa)),
+            unreachable=any(
+                demands[k].reason == "latency-unreachable" for k in view.instances if k in demands
+            ),
+        )
+    return out
+
+
+def model_for(
+    key: OperatorKey, models: Mapping[OperatorKey | str, PerformanceModel] | None
+) -> PerformanceModel | None:
+    """The operator's model, keyed by OperatorKey, "APP/OPERATOR" or the operator's name."""
+    if not models:
+        return None
+    for k in (key, f"{key.app}/{key.operator}", key.operator):
+        m = models.get(k)
+        if m is not None:
+            return m
+    return None
+
+
+def _step_want(s: OperatorSizing, max_cores: float, lower_util: float) -> tuple[int, str]:
+    # The predicted arrivals, not a backlog: a queue left by a pause drains on its
+    # own, and an instance added for it would pause the operator again.
+    per = s.load_cores / s.current
+    if per > max_cores * (1 + _EPS):
+        return s.current + 1, (
+            f"an instance needs {per:.2f} cores for the predicted load > "
+            f"max_instance_cores {max_cores:g}"
+        )
+    if s.unreachable:
+        return s.current + 1, f"latency target unreachable with caps at {max_cores:g} cores"
+    if s.current > 1:
+        fewer = s.load_cores / (s.current - 1)
+        if fewer > lower_util * max_cores:
+            return s.current, "load fits the instances running"
+        if s.need_one_fewer is not None and s.need_one_fewer > max_cores * (1 + _EPS):
+            return s.current, (
+                f"with one instance fewer the latency target would need "
+                f"{s.need_one_fewer:.2f} cores per instance > {max_cores:g}"
+            )
+        return s.current - 1, (
+            f"{s.current - 1} instance(s) would carry {s.load_cores:.2f} cores at "
+            f"{fewer:.2f} each <= {lower_util:g} x {max_cores:g}"
+        )
+    return s.current, "load fits the instances running"
+
+
+def _mba_want(s: OperatorSizing, model: PerformanceModel) -> tuple[int, str]:
+    threads, cpu, _ = _mba_task(s.rate, model)
+    bundle, peak = model.best
+    return max(1, threads), (
+        f"MBA: {threads} thread(s) carry {s.rate:.1f}/s (bundles of {bundle} at "
+        f"{peak:.1f}/s, {cpu:.0f}% of a slot in all)"
+    )
+
+
+def decide_parallelism(
+    inputs: Mapping[OperatorKey, OperatorSizing],
+    below: Mapping[OperatorKey, int],
+    *,
+    limits: Callable[[OperatorKey], tuple[int, int]],
+    max_instance_cores: float,
+    lower_utilization: float,
+    patience: int,
+    models: Mapping[OperatorKey | str, PerformanceModel] | None = None,
+) -> tuple[dict[OperatorKey, ParallelismDecision], dict[OperatorKey, int]]:
+    """Decisions per operator and the new count of epochs in a row each wanted fewer.
+
+    ``below`` is that count from the last epoch (operators missing start at 0).
+    """
+    if not (math.isfinite(max_instance_cores) and max_instance_cores > 0):
+        raise ValueError(f"max_instance_cores must be > 0, got {max_instance_cores!r}")
+    decisions: dict[OperatorKey, ParallelismDecision] = {}
+    new_below: dict[OperatorKey, int] = {}
+    for key, s in inputs.items():
+        lo, hi = limits(key)
+        model = model_for(key, models)
+        if model is not None:
+            rule = "mba"
+            want, why = _mba_want(s, model)
+        else:
+            rule = "step"
+            want, why = _step_want(s, max_instance_cores, lower_utilization)
+        bounded = min(max(want, lo), hi)
+        if bounded != want:
+            why += f"; held to the operator's limits [{lo}, {hi}]"
+        count = 0
+        if s.current < lo or s.current > hi:
+            decided = min(max(s.current, lo), hi)
+            why = f"{s.current} instance(s) outside the operator's limits [{lo}, {hi}]"
+        elif bounded > s.current:
+            decided = bounded
+        elif bounded < s.current:
+            count = below.get(key, 0) + 1
+            if count >= patience:
+                decided, count = bounded, 0
+            else:
+                decided = s.current
+                why += f"; lowering held ({count} of {patience} epochs)"
+        else:
+            decided = s.current
+        decisions[key] = ParallelismDecision(s.current, decided, rule, why, want)
+        if count:
+            new_below[key] = count
+    return decisions, new_below

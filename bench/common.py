@@ -150,3 +150,34 @@ def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
         )
     ]
     return sorted(front, key=lambda n: ok[n])
+
+
+# dsched at another per-node headroom, as a contender of its own (live and sim).
+HEADROOM_PREFIX = "dsched-h"
+
+
+def headroom_contenders(text: str, node_cores: float) -> list[str]:
+    """``--dsched-headrooms`` as contender names, each a number of cores in
+    [0, cores per node): the controller's per-node ``headroom_cores``."""
+    out: list[str] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and 0 <= value < node_cores):
+            raise ValueError(
+                f"--dsched-headrooms: {part!r} must be a number of cores in [0, {node_cores:g})"
+            )
+        name = f"{HEADROOM_PREFIX}{value:g}"
+        if name in out:
+            raise ValueError(f"--dsched-headrooms: {part!r} listed twice")
+        out.append(name)
+    return out
+
+
+def headroom_of(name: str) -> float | None:
+    """The headroom a ``dsched-h<cores>`` contender runs with, else None."""
+    return float(name.removeprefix(HEADROOM_PREFIX)) if name.startswith(HEADROOM_PREFIX) else None

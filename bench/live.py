@@ -66,7 +66,14 @@ from typing import Any
 import numpy as np
 
 from agent.registry import InstanceKey
-from bench.common import pareto_front, print_contenders, write_result
+from bench.common import (
+    HEADROOM_PREFIX,
+    headroom_contenders,
+    headroom_of,
+    pareto_front,
+    print_contenders,
+    write_result,
+)
 from controller.config import ControllerConfig
 from controller.peers import PEERS
 from controller.qos import QosClass, QosConfig, default_qos_classes
@@ -92,7 +99,6 @@ CONTENDERS = ("dsched", *PEERS, "static-0.3", "static-0.7", "equal", "uncapped")
 # Contenders whose caps come from the controller (and its agent), by sizing policy.
 CONTROLLED = ("dsched", *PEERS)
 # dsched run again at another headroom (``--dsched-headrooms``): dsched-h<cores>.
-HEADROOM_PREFIX = "dsched-h"
 QOS_CLASSES = tuple(default_qos_classes())
 PAPER_SLOT_SECONDS = 10.0
 PAPER_TIMEOUT_SECONDS = 30.0
@@ -221,11 +227,6 @@ def policy_of(name: str) -> str | None:
     if name.startswith(HEADROOM_PREFIX):
         return "dsched"
     return None
-
-
-def headroom_of(name: str) -> float | None:
-    """The headroom a ``dsched-h<cores>`` contender runs with, else None."""
-    return float(name.removeprefix(HEADROOM_PREFIX)) if name.startswith(HEADROOM_PREFIX) else None
 
 
 # ---------------------------------------------------------------- topologies
@@ -1382,27 +1383,6 @@ def _check(args: argparse.Namespace) -> tuple[list[str], np.ndarray | None]:
     variants = headroom_contenders(args.dsched_headrooms, args.capacity_cores)
     at = order.index("dsched") + 1 if "dsched" in order else 0
     return order[:at] + variants + order[at:], levels
-
-
-def headroom_contenders(text: str, capacity_cores: float) -> list[str]:
-    """``--dsched-headrooms`` as contender names, each a number in [0, capacity)."""
-    out: list[str] = []
-    for part in (p.strip() for p in str(text).split(",")):
-        if not part:
-            continue
-        try:
-            value = float(part)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and 0 <= value < capacity_cores):
-            raise ValueError(
-                f"--dsched-headrooms: {part!r} must be a number of cores in [0, {capacity_cores:g})"
-            )
-        name = f"{HEADROOM_PREFIX}{value:g}"
-        if name in out:
-            raise ValueError(f"--dsched-headrooms: {part!r} listed twice")
-        out.append(name)
-    return out
 
 
 def build_scenario(args: argparse.Namespace, levels: np.ndarray | None) -> Scenario:

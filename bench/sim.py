@@ -44,7 +44,13 @@ from typing import Any
 
 import psutil
 
-from bench.common import pareto_front, write_result
+from bench.common import (
+    HEADROOM_PREFIX,
+    headroom_contenders,
+    headroom_of,
+    pareto_front,
+    write_result,
+)
 from testbed.sim import scenario as scen
 from testbed.sim.measure import measure_scv
 from testbed.sim.policies import (
@@ -70,7 +76,6 @@ SCENARIOS = (
 )
 PAPER_SCENARIOS = ("seed004-paper-weibull", "seed004-paper-poisson")
 #: dsched run again at another headroom: dsched-h<cores> (as in ``dsched bench live``).
-HEADROOM_PREFIX = "dsched-h"
 #: Load predictors of the paper-regime runs: the seed's ARIMA on the sources too.
 PAPER_PREDICTORS = ["linear_trend", "dag", "arima"]
 SCV_SOURCE = (
@@ -408,33 +413,6 @@ def run_calibration(args: argparse.Namespace) -> int:
 
 def json_line(d: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in d.items())
-
-
-def headroom_contenders(text: str, node_cores: float) -> list[str]:
-    """``--dsched-headrooms`` as contender names, each a number of cores in
-    [0, cores per node): the controller's per-node ``headroom_cores``."""
-    out: list[str] = []
-    for part in (p.strip() for p in str(text).split(",")):
-        if not part:
-            continue
-        try:
-            value = float(part)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and 0 <= value < node_cores):
-            raise ValueError(
-                f"--dsched-headrooms: {part!r} must be a number of cores in [0, {node_cores:g})"
-            )
-        name = f"{HEADROOM_PREFIX}{value:g}"
-        if name in out:
-            raise ValueError(f"--dsched-headrooms: {part!r} listed twice")
-        out.append(name)
-    return out
-
-
-def headroom_of(name: str) -> float | None:
-    """The headroom a ``dsched-h<cores>`` contender runs with, else None."""
-    return float(name.removeprefix(HEADROOM_PREFIX)) if name.startswith(HEADROOM_PREFIX) else None
 
 
 def contender(name: str, overrides: dict[str, Any]) -> Policy:

@@ -294,9 +294,34 @@ def latency_needs(
     ]
     if not keys:
         return {}
-    target = np.array([budgets[k] for k in keys])
-    lam = np.array([forecasts[k].demand_rate for k in keys])
-    servers = np.array([len(views[k].instances) for k in keys], dtype=float)
+    return cores_for_budgets(
+        keys,
+        np.array([budgets[k] for k in keys]),
+        np.array([forecasts[k].demand_rate for k in keys]),
+        np.array([len(views[k].instances) for k in keys], dtype=float),
+        np.array([forecasts[k].kappa for k in keys]),
+        arrival_scv,
+        service_scv,
+        model=model,
+        quantiles=quantiles,
+    )
+
+
+def cores_for_budgets(
+    keys: list[OperatorKey],
+    target: np.ndarray,
+    lam: np.ndarray,
+    servers: np.ndarray,
+    kappa: np.ndarray,
+    arrival_scv: Scv,
+    service_scv: Scv,
+    *,
+    model: str,
+    quantiles: Mapping[str, float] | None,
+) -> dict[OperatorKey, float]:
+    """Per operator: the cores per instance at which ``servers`` instances keep the
+    sojourn time within ``target`` at arrival rate ``lam`` (its mean, or with
+    ``quantiles`` the app's sojourn quantile), ``kappa`` CPU-seconds a tuple."""
     arrival_scv, service_scv = scv_column(arrival_scv, keys), scv_column(service_scv, keys)
     if quantiles is None:
         mu = min_service_rate_for_sojourn_many(
@@ -313,7 +338,6 @@ def latency_needs(
             model=model,
             rtol=QUANTILE_RATE_RTOL,
         )
-    kappa = np.array([forecasts[k].kappa for k in keys])
     return dict(zip(keys, (mu * kappa).tolist(), strict=True))
 
 

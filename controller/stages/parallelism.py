@@ -29,15 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controller.stages.demand import QUANTILE_RATE_RTOL, InstanceDemand
+from controller.stages.demand import InstanceDemand, cores_for_budgets
 from controller.stages.evaluate import OperatorView
 from controller.stages.forecast import OperatorForecast
 from dsched.ids import InstanceKey, OperatorKey
 from predict.perfmodel import PerformanceModel, _mba_task
-from predict.queueing import (
-    min_service_rate_for_sojourn_many,
-    min_service_rate_for_sojourn_quantile_many,
-)
 
 # Demand this close above the maximum is rounding, not a reason to grow.
 _EPS = 1e-9
@@ -96,34 +92,17 @@ def needs_with_one_fewer(
     ]
     if not keys:
         return {}
-    target = np.array([budgets[k] for k in keys])
-    lam = np.array([sizing[k].rate for k in keys])
-    servers = np.array([sizing[k].current - 1 for k in keys], dtype=float)
-    arrival_scv = _per_key(arrival_scv, keys)
-    service_scv = _per_key(service_scv, keys)
-    if quantiles is None:
-        mu = min_service_rate_for_sojourn_many(
-            target, lam, servers, arrival_scv, service_scv, model=model
-        )
-    else:
-        mu = min_service_rate_for_sojourn_quantile_many(
-            np.array([quantiles[k.app] for k in keys]),
-            target,
-            lam,
-            servers,
-            arrival_scv,
-            service_scv,
-            model=model,
-            rtol=QUANTILE_RATE_RTOL,
-        )
-    kappa = np.array([sizing[k].kappa for k in keys])
-    return dict(zip(keys, (mu * kappa).tolist(), strict=True))
-
-
-def _per_key(value, keys: list[OperatorKey]):
-    if isinstance(value, Mapping):
-        return np.array([float(value.get(k, 1.0)) for k in keys])
-    return float(value)
+    return cores_for_budgets(
+        keys,
+        np.array([budgets[k] for k in keys]),
+        np.array([sizing[k].rate for k in keys]),
+        np.array([sizing[k].current - 1 for k in keys], dtype=float),
+        np.array([sizing[k].kappa for k in keys]),
+        arrival_scv,
+        service_scv,
+        model=model,
+        quantiles=quantiles,
+    )
 
 
 def sizing_inputs(

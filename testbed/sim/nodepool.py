@@ -77,31 +77,9 @@ class SimNodePool:
         )
 
     def _fill(self, new: int) -> int:
-        """Move instances from the busiest nodes to ``new`` while that narrows the
-        gap to the mean load per core; stateless ones first (shorter pause)."""
-        sim = self.sim
-        demand = self._demand()
-        load = self._node_load(demand)
-        target = load.sum() / sim.cores.sum() * sim.cores[new]
-        moved = 0
-        while True:
-            util = load / sim.cores
-            util[new] = -np.inf
-            src = int(np.argmax(util))
-            on = np.flatnonzero(sim.active & (sim.node == src) & (demand > 0))
-            if not len(on) or util[src] <= load[new] / sim.cores[new]:
-                return moved
-            order = sorted(
-                on.tolist(), key=lambda i: (bool(sim.op_stateful[sim.inst_op[i]]), -demand[i])
-            )
-            pick = next((i for i in order if load[new] + demand[i] <= target + 1e-9), None)
-            if pick is None:
-                return moved
-            sim.move(pick, new)
-            load[src] -= demand[pick]
-            load[new] += demand[pick]
-            moved += 1
-            self.moves += 1
+        moved = spread_onto(self.sim, new)
+        self.moves += moved
+        return moved
 
     def remove(self, change: NodeChange) -> NodeChangeResult:
         sim = self.sim
@@ -148,3 +126,30 @@ def attach_node_pool(
     pool = SimNodePool(sim, agents, controller, node_cores)
     controller.node_pool.use(pool)
     return pool
+
+
+def spread_onto(sim: ClusterSim, new: int) -> int:
+    """Move instances from the busiest nodes to node ``new`` while that narrows the
+    gap to the mean load per core, stateless ones first (as an engine's rebalance
+    after a node joins); the instances moved."""
+    demand = np.where(sim.alive, sim.work_rate, 0.0)
+    load = np.bincount(sim.node, demand, minlength=len(sim.cores))
+    target = load.sum() / sim.cores.sum() * sim.cores[new]
+    moved = 0
+    while True:
+        util = load / sim.cores
+        util[new] = -np.inf
+        src = int(np.argmax(util))
+        on = np.flatnonzero(sim.active & (sim.node == src) & (demand > 0))
+        if not len(on) or util[src] <= load[new] / sim.cores[new]:
+            return moved
+        order = sorted(
+            on.tolist(), key=lambda i: (bool(sim.op_stateful[sim.inst_op[i]]), -demand[i])
+        )
+        pick = next((i for i in order if load[new] + demand[i] <= target + 1e-9), None)
+        if pick is None:
+            return moved
+        sim.move(pick, new)
+        load[src] -= demand[pick]
+        load[new] += demand[pick]
+        moved += 1

@@ -43,6 +43,7 @@ from controller.peers import rules
 from controller.peers.rules import ERR_THREADS
 from testbed.sim.agents import CLOCK_BASE, NODE_PEAK_BANDWIDTH_BYTES_PER_SECOND, SimAgents
 from testbed.sim.engine import UNCAPPED, ClusterSim
+from testbed.sim.nodepool import spread_onto
 
 
 @dataclass
@@ -437,33 +438,6 @@ class DschedPolicy:
             self.controller.store.close()
         if self._tmp is not None:
             self._tmp.cleanup()
-
-
-def spread_onto(sim: ClusterSim, new: int) -> int:
-    """Move instances from the busiest nodes to node ``new`` while that narrows the
-    gap to the mean load per core, stateless ones first (as an engine's rebalance
-    after a node joins); the instances moved."""
-    demand = np.where(sim.alive, sim.work_rate, 0.0)
-    load = np.bincount(sim.node, demand, minlength=len(sim.cores))
-    target = load.sum() / sim.cores.sum() * sim.cores[new]
-    moved = 0
-    while True:
-        util = load / sim.cores
-        util[new] = -np.inf
-        src = int(np.argmax(util))
-        on = np.flatnonzero(sim.active & (sim.node == src) & (demand > 0))
-        if not len(on) or util[src] <= load[new] / sim.cores[new]:
-            return moved
-        order = sorted(
-            on.tolist(), key=lambda i: (bool(sim.op_stateful[sim.inst_op[i]]), -demand[i])
-        )
-        pick = next((i for i in order if load[new] + demand[i] <= target + 1e-9), None)
-        if pick is None:
-            return moved
-        sim.move(pick, new)
-        load[src] -= demand[pick]
-        load[new] += demand[pick]
-        moved += 1
 
 
 def drain_last_node(sim: ClusterSim) -> int:

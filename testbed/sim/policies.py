@@ -435,7 +435,8 @@ class DschedPolicy:
 
     def close(self) -> None:
         if self.controller is not None:
-            self.controller.store.close()
+            # All of it, the history's spool writer too: its directory goes next.
+            self.controller.stop()
         if self._tmp is not None:
             self._tmp.cleanup()
 

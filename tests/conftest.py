@@ -16,14 +16,16 @@ CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 # whole cgroup tree before and after: `make test` runs them on their own after the
 # rest has run on two workers (pytest-xdist), where a neighbour would skew them.
 # (Tests that check only their own cgroup root, counts or losses run with the rest.)
+# Single tests that need it carry the mark themselves (test_bench_live.py's real runs).
 SERIAL_FILES = frozenset(
     {
         "test_agent_cgroup_v1.py",  # a saturated thread measures its cap
         "test_agent_nesting.py",  # usage under a container's limit
         "test_bench_faults.py",  # real cgroups, namespaces and daemons, killed on purpose
-        "test_bench_live.py",  # its interrupt's cleanup races a loaded machine's exits
         "test_bench_live_profile.py",  # a live run on two agent nodes
         "test_controller_live.py",  # gold's latency against bronze's
+        # An overload must show on the node the test loads, not on a busy neighbour.
+        "test_live_placement_cluster.py",
         "test_dry_run_nothing_changes.py",  # the whole cgroup tree before and after
         "test_flink_agent.py",  # a saturated subtask measures its cap
         "test_perf_profile.py",  # CPU and latency of trials under a slot's cap

@@ -190,6 +190,7 @@ def test_regular_trace_rises_and_falls_twice_and_random_uses_levels_1_to_25():
     assert set(rnd.round().astype(int)) <= set(range(1, 26)) and len(set(rnd)) > 15
 
 
+@pytest.mark.serial
 def test_smoke_few_slots_with_dsched_equal_and_uncapped(tmp_path, cgroup_v1_cpu):
     out, png = tmp_path / "live.json", tmp_path / "live.png"
     p = subprocess.run(
@@ -262,6 +263,7 @@ def _reservation_has_tasks(top: Path) -> bool:
     )
 
 
+@pytest.mark.serial
 def test_sigint_stops_every_worker_and_removes_every_cgroup(tmp_path, cgroup_v1_cpu):
     p = subprocess.Popen(
         [
@@ -457,6 +459,7 @@ PEER_KEYS = (
 )
 
 
+@pytest.mark.serial
 def test_smoke_peers_drive_real_caps_side_by_side_with_dsched(tmp_path, cgroup_v1_cpu):
     """Every peer through the real controller and agent: caps in the agent's cgroups,
     decisions recorded under the peer's name, nothing lost."""

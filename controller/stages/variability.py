@@ -270,24 +270,12 @@ def _trimmed_ratio(
         median = (ranked[at, (count - 1) // 2] + ranked[at, count // 2]) / 2
         est = np.clip(median / CHI2_1_MEDIAN, START[0], START[1])
         for left in range(PASSES - 1, -1, -1):
-            final = left == 0
-            cut = ok & ~(r <= TRIM * np.nan_to_num(est, nan=np.inf)[:, None])
-            if final:
-                # A level step lands in two neighbouring triples (+J, then -J);
-                # noise can leave one of them under the cut, so at the settled
-                # estimate a cut triple takes its neighbours along. Not while
-                # climbing: from a low start that would cut most large values.
-                flagged = cut.copy()
-                cut[:, 1:] |= flagged[:, :-1]
-                cut[:, :-1] |= flagged[:, 1:]
-            keep = ok & ~cut
-            top = np.where(keep, d2, 0.0).sum(axis=1)
-            bottom = np.where(keep, var, 0.0).sum(axis=1)
-            new = np.where(bottom > 0, top / bottom, np.nan)
+            if left == 0:
+                est = _final_pass(r, d2, var, ok, est)
+                break
+            new = _pooled(ok & (r <= TRIM * np.nan_to_num(est, nan=np.inf)[:, None]), d2, var)
             settled = np.allclose(new, est, rtol=1e-3, atol=0.0, equal_nan=True)
             est = new
-            if final:
-                break
             if settled:
                 # The cut no longer moves: one last pass with the neighbours.
                 est = _final_pass(r, d2, var, ok, est)
@@ -296,15 +284,23 @@ def _trimmed_ratio(
     return out
 
 
+def _pooled(keep: np.ndarray, d2: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """Per row: the kept squared second differences over their expected variance."""
+    top = np.where(keep, d2, 0.0).sum(axis=1)
+    bottom = np.where(keep, var, 0.0).sum(axis=1)
+    return np.where(bottom > 0, top / bottom, np.nan)
+
+
 def _final_pass(r, d2, var, ok, est) -> np.ndarray:
+    # A level step lands in two neighbouring triples (+J, then -J); noise can
+    # leave one of them under the cut, so at the settled estimate a cut triple
+    # takes its neighbours along. Not while climbing: from a low start that
+    # would cut most large values.
     cut = ok & ~(r <= TRIM * np.nan_to_num(est, nan=np.inf)[:, None])
     flagged = cut.copy()
     cut[:, 1:] |= flagged[:, :-1]
     cut[:, :-1] |= flagged[:, 1:]
-    keep = ok & ~cut
-    top = np.where(keep, d2, 0.0).sum(axis=1)
-    bottom = np.where(keep, var, 0.0).sum(axis=1)
-    return np.where(bottom > 0, top / bottom, np.nan)
+    return _pooled(ok & ~cut, d2, var)
 
 
 def estimate_scv(

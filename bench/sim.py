@@ -150,7 +150,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--runs",
         type=int,
         default=1,
-        help="calibration: live/simulated pairs (seeds seed, seed+1, ...)",
+        help="calibration: live/simulated pairs; elastic: whole comparisons, averaged "
+        "(seeds seed, seed+1, ...)",
     )
     parser.add_argument(
         "--isolation",

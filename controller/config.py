@@ -290,6 +290,9 @@ class NodePoolConfig:
     min_nodes: int = 1
     # Never add a node beyond this many connected nodes; 0: no upper limit.
     max_nodes: int = 0
+    # Epochs in a row that must recommend one node fewer before a node is removed
+    # (adding is at once, as with instance counts). 1: remove at the first.
+    remove_patience_epochs: int = 6
     command: NodePoolCommandConfig = field(default_factory=NodePoolCommandConfig)
     testbed: NodePoolTestbedConfig = field(default_factory=NodePoolTestbedConfig)
 
@@ -307,6 +310,13 @@ class NodePoolConfig:
             f"must be a number >= retry_backoff_seconds ({self.retry_backoff_seconds:g})",
         )
         require(self.min_nodes >= 1, "min_nodes", "must be >= 1")
+        require(
+            isinstance(self.remove_patience_epochs, int)
+            and not isinstance(self.remove_patience_epochs, bool)
+            and self.remove_patience_epochs >= 1,
+            "remove_patience_epochs",
+            "must be an integer >= 1",
+        )
         require(
             self.max_nodes == 0 or self.max_nodes >= self.min_nodes,
             "max_nodes",
@@ -361,9 +371,19 @@ class ParallelismConfig:
 
     # Decide instance counts each epoch (and record them); false: counts are left alone.
     enabled: bool = True
-    # Who carries the decisions out: `recommend` (decide and record only). The
-    # simulator brings its own (testbed/sim/parallelism.py).
+    # Who carries the decisions out: `recommend` (decide and record only) or
+    # `testbed` (the live testbed's rescale endpoint at `url`). The simulator
+    # brings its own (testbed/sim/parallelism.py).
     actuator: str = "recommend"
+    # The live testbed's endpoint (http(s)://host:port, the move endpoint's
+    # address); required with `actuator = "testbed"`.
+    url: str = ""
+    # How long one request to the testbed may take before its changes are
+    # recorded as recommend-only.
+    timeout_seconds: float = 30.0
+    # After a request that timed out or found no testbed, wait this long before
+    # sending again (an epoch must not wait on a hung testbed every time).
+    retry_after_seconds: float = 60.0
     # Fewest instances of any operator.
     min_instances: int = 1
     # Most instances of any operator.
@@ -388,6 +408,18 @@ class ParallelismConfig:
         from controller.edges.parallelism import PARALLELISM_ACTUATORS
 
         PARALLELISM_ACTUATORS.check(self.actuator, "actuator")
+        if self.actuator == "testbed" or self.url:
+            check_rest_url("url", self.url)
+        require(
+            math.isfinite(self.timeout_seconds) and self.timeout_seconds > 0,
+            "timeout_seconds",
+            "must be a number > 0",
+        )
+        require(
+            math.isfinite(self.retry_after_seconds) and self.retry_after_seconds >= 0,
+            "retry_after_seconds",
+            "must be a number >= 0",
+        )
         require(
             isinstance(self.min_instances, int) and 1 <= self.min_instances <= MAX_PARALLELISM,
             "min_instances",

@@ -271,7 +271,7 @@ class Controller:
         self.placement = build_placement(config)
         # Task performance models (docs/perf-models.md): loaded now, reloaded each
         # epoch when their file changes, and handed to a strategy that uses them.
-        self.models = PerfModelsEdge.from_config(config, self.metrics.registry)
+        self.models = PerfModelsEdge.from_config(config, self.metrics.registry, self.clock)
         self.models.apply(self.placement)
         self.qos = QosRegistry(config.qos, self.store)
         # Carries out the DP's node recommendation (side effects, off the pure stages).
@@ -570,6 +570,8 @@ class Controller:
                 node_pool_action=node_pool_action,
             )
             record["parallelism"] = parallelism
+            # The performance models in force (MBA, sam) and the last table refused.
+            record["perf_models"] = self.models.status()
             record["placement"].update(self._offer_placement(result))
             for row in record["apps"]:
                 if row["violation"]:
@@ -745,6 +747,7 @@ class Controller:
         if self.placement is not None:
             self.placement.stop()
         self.node_pool.close()
+        self.parallelism.close()
         self.metrics.stop()
         if self.history is not None:
             self.history.stop()

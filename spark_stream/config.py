@@ -9,6 +9,7 @@ cluster.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,10 @@ class HistoryConfig:
     shuffle_partitions: int = 2
     # Extra `spark.*` settings (e.g. executor memory on a real cluster).
     spark_conf: dict[str, str] = field(default_factory=dict)
+    # The running job refits the ARIMA orders and task models from the table this
+    # often (the controller reloads the model table when it changes); 0: only
+    # `dsched-history fit` does.
+    fit_interval_seconds: float = 3600.0
     # Batch fitting: how many windows per operator and the ARIMA (p, q) grid (d by KPSS).
     fit_windows: int = 360
     # Windows read back per source when seeding ARIMA after a restart.
@@ -160,6 +165,11 @@ class HistoryConfig:
             f"must be >= 1, got {self.shuffle_partitions}",
         )
         require(self.fit_windows >= 8, "fit_windows", f"must be >= 8, got {self.fit_windows}")
+        require(
+            math.isfinite(self.fit_interval_seconds) and self.fit_interval_seconds >= 0,
+            "fit_interval_seconds",
+            f"must be a number >= 0 (0: no refits while running), got {self.fit_interval_seconds}",
+        )
         for key in ("seed_windows", "seed_operators_per_epoch", "max_pending_writes"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         for key in ("arima_max_p", "arima_max_q"):

@@ -34,6 +34,10 @@ class HistoryStatus:
     input_rows_per_second: float | None = None
     error: str | None = None
     quarantined: dict[str, int] = field(default_factory=dict)
+    # Refits of the model tables by the running job (``fit_interval_seconds``).
+    fits: int = 0
+    last_fit_at: float | None = None  # wall clock of the last refit that wrote the tables
+    fit_error: str | None = None  # why the last refit failed (None after a good one)
 
 
 class EmbeddedHistory:
@@ -53,6 +57,9 @@ class EmbeddedHistory:
         self._sink = job.HistorySink(config)
         self._dropped_late = 0
         self._seen_batch = -1
+        self._fits = 0
+        self._last_fit_at: float | None = None
+        self._fit_error: str | None = None
 
     def start(self) -> None:
         """Start in the background; returns at once. A no-op when already running."""
@@ -88,10 +95,17 @@ class EmbeddedHistory:
             self._query = job.start_query(self._spark, self.config, self._sink)
             self._state = "running"
             next_prune = 0.0
+            interval = self.config.fit_interval_seconds
+            # The first refit after a full interval: the windows of a fresh start
+            # are too few, and a restart keeps the tables the last run wrote.
+            next_fit = time.monotonic() + interval
             while not self._stop.is_set():
                 if time.monotonic() >= next_prune:
                     job.prune_table(self.config)
                     next_prune = time.monotonic() + 3600.0
+                if interval and time.monotonic() >= next_fit:
+                    self._refit()
+                    next_fit = time.monotonic() + interval
                 if not self._query.isActive:
                     exc = self._query.exception()
                     raise RuntimeError(f"history query stopped: {exc}")
@@ -101,6 +115,24 @@ class EmbeddedHistory:
             log.exception("history job failed")
             self._error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             self._state = "failed"
+
+    def _refit(self) -> None:
+        """Fit the model tables from the history table; a failure is reported, and
+        the stream (and the tables the last good fit wrote) stay."""
+        from spark_stream.fit import fit_models
+
+        if not self.config.operators_dir.exists():
+            return  # nothing committed yet
+        try:
+            counts = fit_models(self._spark, self.config)
+        except Exception as exc:  # noqa: BLE001 - a bad fit must not stop the history
+            log.warning("history: refit of the model tables failed", exc_info=True)
+            self._fit_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return
+        self._fits += 1
+        self._last_fit_at = time.time()
+        self._fit_error = None
+        log.info("history: model tables refitted (%s)", counts)
 
     def _collect_progress(self) -> None:
         # recentProgress repeats batches between polls; count each batch id once.
@@ -130,6 +162,16 @@ class EmbeddedHistory:
         if self._state != "failed":
             self._state = "stopped"
 
+    def fit_counts(self) -> HistoryStatus:
+        """The refit fields of :meth:`status` alone (no table read: for metrics scrapes)."""
+        return HistoryStatus(
+            state=self._state,
+            spark_master=self.config.spark_master,
+            fits=self._fits,
+            last_fit_at=self._last_fit_at,
+            fit_error=self._fit_error,
+        )
+
     def status(self) -> HistoryStatus:
         reader = HistoryReader(self.config)
         progress = job.read_progress(self.config)
@@ -151,4 +193,7 @@ class EmbeddedHistory:
             input_rows_per_second=rate,
             error=self._error,
             quarantined=reader.quarantine_counts(),
+            fits=self._fits,
+            last_fit_at=self._last_fit_at,
+            fit_error=self._fit_error,
         )

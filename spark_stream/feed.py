@@ -84,6 +84,19 @@ class _Collector(Collector):
                 "Age of the newest history window readable by the controller",
                 value=lag,
             )
+        embedded = self.feed.embedded
+        if embedded is not None:
+            fits = embedded.fit_counts()
+            yield CounterMetricFamily(
+                "dsched_history_model_refits",
+                "Refits of the model tables by the running history job",
+                value=fits.fits,
+            )
+            yield GaugeMetricFamily(
+                "dsched_history_model_refit_failed",
+                "1 while the running history job's last refit of the model tables failed",
+                value=1.0 if fits.fit_error else 0.0,
+            )
 
 
 class HistoryFeed:
@@ -126,7 +139,14 @@ class HistoryFeed:
         }
         if self.embedded is not None:
             st = self.embedded.status()
-            out.update(state=st.state, spark_master=st.spark_master, error=st.error)
+            out.update(
+                state=st.state,
+                spark_master=st.spark_master,
+                error=st.error,
+                model_refits=st.fits,
+                model_refit_at=st.last_fit_at,
+                model_refit_error=st.fit_error,
+            )
         return out
 
     def lag_seconds(self) -> float | None:

@@ -7,15 +7,18 @@ checkpoint; the results are read back with the controller's pyarrow reader.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pandas as pd
 import pytest
+from prometheus_client import CollectorRegistry
 
 from controller.edges.models import default_table, read_table
 from spark_stream import job
 from spark_stream.config import HistoryConfig
 from spark_stream.embedded import EmbeddedHistory
+from spark_stream.feed import HistoryFeed
 from spark_stream.fit import fit_models
 from spark_stream.reader import HistoryReader
 from spark_stream.spool import SpoolWriter
@@ -210,3 +213,54 @@ def test_fit_writes_arima_orders_and_perf_models_the_controller_loads(spark, tmp
     loaded = read_table(default_table(config.model_dir))
     assert loaded["wc/count"].peak_rate(3) == pytest.approx(peak)
     assert loaded["wc/count"].memory_percent(1) == 0.0  # not sampled: no memory bound
+
+
+def test_the_running_job_refits_the_model_tables_and_reports_a_failed_refit(spark, tmp_path):
+    config = _config(tmp_path, trigger_seconds=0.25, fit_interval_seconds=1.0)
+    H.write_slots(SpoolWriter(config), range(24))
+    history = EmbeddedHistory(config)
+    feed = HistoryFeed(config)
+    history.start()
+    try:
+        assert history.wait_running(120), history.status().error
+
+        def wait_for(check, seconds=300.0):
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and not check(history.status()):
+                time.sleep(0.2)
+            return history.status()
+
+        st = wait_for(lambda s: s.fits >= 1)
+        assert st.fits >= 1 and st.fit_error is None and st.last_fit_at is not None
+        # The table the controller loads, written by the running job alone.
+        loaded = read_table(default_table(config.model_dir))
+        assert loaded["wc/count"].peak_rate(3) > 0
+        # The controller's metrics of a feed running this job.
+        registry = CollectorRegistry()
+        feed.stop()
+        feed = HistoryFeed(config, registry)
+        feed.embedded = history
+        assert registry.get_sample_value("dsched_history_model_refits_total") >= 1
+        assert registry.get_sample_value("dsched_history_model_refit_failed") == 0
+        # A refit that cannot write is reported; the stream runs on.
+        shutil.rmtree(config.model_dir)
+        config.model_dir.write_text("not a directory")
+        st = wait_for(lambda s: s.fit_error is not None)
+        assert st.fit_error is not None and st.state == "running", st
+        assert registry.get_sample_value("dsched_history_model_refit_failed") == 1
+        assert feed.status()["model_refit_error"] == st.fit_error
+        failed_at = st.fits
+        # The next refit after the cause is gone writes again and clears the error.
+        config.model_dir.unlink()
+        st = wait_for(lambda s: s.fits > failed_at)
+        assert st.fit_error is None and st.state == "running", st
+        assert read_table(default_table(config.model_dir))["wc/count"].peak_rate(3) > 0
+    finally:
+        feed.embedded = None
+        feed.stop()
+        history.stop()
+
+
+def test_fit_interval_must_not_be_negative():
+    with pytest.raises(ValueError, match="fit_interval_seconds"):
+        HistoryConfig(fit_interval_seconds=-1.0).validate()

@@ -54,6 +54,7 @@ def result(epoch: int, delta: int, nodes=("n1", "n2"), demands=None):
         alloc=SimpleNamespace(recommendation=rec),
         demands=demands or {},
         held={},
+        classes={},
     )
 
 
@@ -77,7 +78,12 @@ class MemoryStore:
 
 
 def edge(pool, clock=None, store=None, **cfg) -> NodePoolEdge:
-    settings = {"cooldown_seconds": 3 * SLOT, "retry_backoff_seconds": 2 * SLOT, **cfg}
+    settings = {
+        "cooldown_seconds": 3 * SLOT,
+        "retry_backoff_seconds": 2 * SLOT,
+        "remove_patience_epochs": 1,
+        **cfg,
+    }
     return NodePoolEdge(
         pool, NodePoolConfig(**settings), node_cost=4.0, clock=clock or Clock(), store=store
     )
@@ -104,6 +110,8 @@ def command_pool(tmp_path: Path, add: str, remove: str | None = None, timeout=5.
         ("[node_pool]\nmin_nodes = 0\n", "node_pool.min_nodes"),
         ("[node_pool]\nmin_nodes = 3\nmax_nodes = 2\n", "node_pool.max_nodes"),
         ("[node_pool]\ncooldown_seconds = -1\n", "node_pool.cooldown_seconds"),
+        ("[node_pool]\nremove_patience_epochs = 0\n", "node_pool.remove_patience_epochs"),
+        ("[node_pool]\nremove_patience_epochs = 1.5\n", "node_pool.remove_patience_epochs"),
         ("[node_pool]\nretry_backoff_seconds = nan\n", "node_pool.retry_backoff_seconds"),
         (
             "[node_pool]\nretry_backoff_seconds = 60\nmax_retry_backoff_seconds = 30\n",
@@ -170,6 +178,42 @@ def test_log_records_the_change_and_the_cool_down_holds_the_next():
     quiet = offer(e, 5, 0)
     assert (quiet["recommended"], quiet["action"]) == ("none", "none")
     assert quiet["node_epochs"] == 10  # two nodes over five epochs
+
+
+def test_a_removal_waits_for_its_patience_and_an_add_does_not():
+    e = edge(LogNodePool(), cooldown_seconds=0, remove_patience_epochs=3)
+    # Two epochs wanting one node fewer, then one that does not: the count restarts.
+    for epoch in (1, 2):
+        held = offer(e, epoch, -1)
+        assert (held["action"], held["outcome"]) == ("none", "held")
+        assert f"{epoch} of 3 epochs" in held["reason"]
+    assert offer(e, 3, 0)["outcome"] == "none"
+    assert offer(e, 4, -1)["reason"].startswith("removal held: 1 of 3")
+    assert offer(e, 5, -1)["outcome"] == "held"
+    gone = offer(e, 6, -1)
+    assert (gone["action"], gone["outcome"]) == ("remove", "logged")
+    # Adding is at once.
+    assert offer(e, 7, +1)["action"] == "add"
+
+
+def test_the_change_carries_the_class_weights():
+    """A pool that moves instances is told each app's class weight (lightest first)."""
+    seen = []
+
+    class Recording(LogNodePool):
+        def add(self, change):
+            seen.append(change)
+            return super().add(change)
+
+    e = edge(Recording())
+    res = result(1, +1)
+    res.classes = {
+        "a": SimpleNamespace(weight=8.0),
+        "b": SimpleNamespace(weight=1.0),
+    }
+    e.clock.now = res.now
+    assert e.offer(res, enforce=True)["action"] == "add"
+    assert dict(seen[0].weights) == {"a": 8.0, "b": 1.0}
 
 
 def test_min_and_max_nodes_hold_the_change():

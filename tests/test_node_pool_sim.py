@@ -3,6 +3,8 @@ adds a node when the cluster is short of CPU, and the new node takes load."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from controller.config import NodePoolConfig
 from controller.edges.nodepool import NodeChange
 from testbed.sim.agents import node_id
 from testbed.sim.engine import ClusterSim
-from testbed.sim.nodepool import attach_node_pool
+from testbed.sim.nodepool import attach_node_pool, spread_onto
 from testbed.sim.policies import DschedPolicy
 from testbed.sim.run import observe
 from testbed.sim.scenario import seed004
@@ -99,6 +101,36 @@ def test_removing_a_simulated_node_moves_its_instances_first(elastic):
     assert node_id(2) not in policy.controller.node_capacity()
     rows = run_epochs(sc, sim, policy, 2)  # the cluster keeps running on two nodes
     assert rows and not policy.failed_epochs
+
+
+def test_a_new_node_takes_the_lightest_classes_first():
+    """Told the apps' class weights, the pool moves the heaviest class last: each
+    move pauses an instance. Without weights it moves the largest stateless ones."""
+    sc = short_of_cpu()
+    weight = {"gold": 8.0, "silver": 3.0, "bronze": 1.0}
+    moved_class = {}
+    for weighted in (False, True):
+        policy = DschedPolicy()
+        sim = ClusterSim(sc, max_parallelism=1)
+        policy.setup(sim)
+        try:
+            run_epochs(sc, sim, policy, 1)
+            # Gold's instances the busiest: an unweighted spread takes them first.
+            gold = np.array([sc.apps[sim.op_app[op]].qos_class == "gold" for op in sim.inst_op])
+            sim.work_rate[:] = np.where(gold, 0.4, 0.1)
+            weights = {a.name: weight[a.qos_class] for a in sc.apps} if weighted else None
+            before = sim.node.copy()
+            n = sim.add_node(4.0)
+            assert spread_onto(sim, n, weights) > 0
+            moved = np.flatnonzero(sim.node != before)
+            moved_class[weighted] = Counter(
+                sc.apps[sim.op_app[sim.inst_op[i]]].qos_class for i in moved
+            )
+        finally:
+            policy.close()
+    plain, weighted = moved_class[False], moved_class[True]
+    assert weighted["gold"] < plain["gold"], moved_class
+    assert weighted["bronze"] > plain["bronze"], moved_class
 
 
 def test_engine_node_hooks_check_their_input():

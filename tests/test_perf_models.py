@@ -113,10 +113,16 @@ def test_the_controller_loads_at_start_reloads_each_epoch_and_feeds_sam(tmp_path
         run(c, node, clock, 1, {"wc": 100})
         assert set(c.models.current()) == {"wc/split", "wc/count"}
         assert set(c.placement.strategy.models) == {"wc/split", "wc/count"}
+        # The decision record says which models were in force and where from.
+        shown = c.last_record["perf_models"]
+        assert shown["operators"] == ["wc/count", "wc/split"] and shown["path"] == str(path)
+        assert shown["loaded_at"] == clock[0] and shown["last_error"] is None
         _write(path, {"wc/split": [[2, 1.0, 1.0, 1.0], [1, 1.0, 1.0, 1.0]]})
         run(c, node, clock, 1, {"wc": 100})
         assert set(c.placement.strategy.models) == {"wc/split", "wc/count"}
         assert _refusals(c.metrics.registry, "invalid") == 1
+        shown = c.last_record["perf_models"]
+        assert shown["operators"] == ["wc/count", "wc/split"] and "wc/split" in shown["last_error"]
     finally:
         c.stop()
 

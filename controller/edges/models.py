@@ -182,7 +182,9 @@ class PerfModelsEdge:
         )
 
     @classmethod
-    def from_config(cls, config, registry: CollectorRegistry | None = None) -> PerfModelsEdge:
+    def from_config(
+        cls, config, registry: CollectorRegistry | None = None, clock=time.time
+    ) -> PerfModelsEdge:
         """The edge of a controller: ``perf_model_table``, else the history's fitted table."""
         path = config.perf_model_table
         if path is None:
@@ -190,7 +192,7 @@ class PerfModelsEdge:
 
             history = history_config(config.history, config.state_dir, config.slot_seconds)
             path = default_table(history.model_dir)
-        edge = cls(path, registry)
+        edge = cls(path, registry, clock)
         edge.refresh()
         return edge
 

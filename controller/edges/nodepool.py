@@ -72,6 +72,10 @@ class NodeChange:
     node: str | None
     reason: str  # the DP's reason
     instances: Mapping[str, int] = field(default_factory=dict)  # node -> instances on it
+    # app -> its QoS class weight. A pool that moves instances onto a new node (or off
+    # a leaving one) moves the lightest classes first: a move pauses an instance,
+    # and gold's violation bound is the one a pause breaks.
+    weights: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def target(self) -> int:
@@ -370,6 +374,9 @@ class NodePoolEdge:
         self.retry_at = 0.0
         self.failures = 0
         self.last: dict[str, Any] | None = None  # the last change issued
+        # Epochs in a row that recommended one node fewer (a removal waits for
+        # ``remove_patience_epochs`` of them; an add goes at once).
+        self.remove_streak = 0
         self._load()
 
     @classmethod
@@ -436,6 +443,7 @@ class NodePoolEdge:
             running = self._running
         if completed is not None:
             row["completed"] = completed
+        self.remove_streak = self.remove_streak + 1 if recommended == "remove" else 0
         if recommended == "none":
             return row
         held = self._held(recommended, len(nodes), now, running)
@@ -449,7 +457,8 @@ class NodePoolEdge:
             node = min(
                 sorted(nodes, reverse=True), key=lambda n: (cores.get(n, 0.0), count.get(n, 0))
             )
-        change = NodeChange(recommended, result.epoch, nodes, node, rec.reason, count)
+        weights = {app: c.weight for app, c in result.classes.items()}
+        change = NodeChange(recommended, result.epoch, nodes, node, rec.reason, count, weights)
         row.update(action=recommended, node=node)
         self.last = {"epoch": result.epoch, "action": recommended, "at": now}
         self.cooldown_until = now + self.config.cooldown_seconds
@@ -496,6 +505,13 @@ class NodePoolEdge:
             return (
                 f"cool-down: {self.cooldown_until - now:.0f} s left after the "
                 f"{last.get('action', 'change')} of epoch {last.get('epoch', '?')}"
+            )
+        if action == "remove" and self.remove_streak < cfg.remove_patience_epochs:
+            # Load that dips for an epoch or two comes back: a node removed then
+            # re-added costs two rounds of moves and the node-epochs in between.
+            return (
+                f"removal held: {self.remove_streak} of {cfg.remove_patience_epochs} "
+                "epochs in a row recommended one node fewer"
             )
         return None
 

@@ -12,9 +12,17 @@ controller is a separate process:
   has no JSON keys of its own, so the two ends cannot drift apart. Moves of
   unknown applications are refused with the reason. A malformed plan gets
   HTTP 400 naming the field; nothing moves.
+- ``POST /rescale`` with ``{"changes": [{"app", "operator", "count"}]}`` (the
+  controller's ``TestbedParallelism``, ``controller.edges.parallelism``): each
+  change is handed to ``DistributedTopology.rescale``; the reply is
+  ``{"results": [...]}``, one ``RescaleResult.to_dict()`` per change, in order.
+  A change that cannot be made (count 0, above the limit, unknown application
+  or operator) is a result with ``done`` false and the reason, never an HTTP
+  error. A malformed request gets HTTP 400 naming the field; nothing changes.
 - ``GET /placement``: instance id -> [worker, node] for every application.
+- ``GET /parallelism``: application -> operator -> instance count.
 
-Moves are executed one request at a time.
+Moves and rescales are executed one request at a time.
 
 The endpoint binds its port when it is built, so it can be started before
 anything else: the controller's config needs its URL (``move_url``), the
@@ -40,6 +48,7 @@ from dataclasses import fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from controller.edges.parallelism import RescaleResult, parse_rescale_request
 from controller.placement.migration import MoveResult, plan_from_dict
 from controller.placement.model import Plan
 from testbed.live.distributed import DistributedTopology, migration_result
@@ -65,6 +74,27 @@ def execute_plan(topologies: Mapping[str, DistributedTopology], plan: Plan) -> M
     return merged
 
 
+def execute_rescale(
+    topologies: Mapping[str, DistributedTopology], changes: list[tuple[str, str, int]]
+) -> list[RescaleResult]:
+    """Carry out each (app, operator, count) change; one result per change, in order."""
+    results = []
+    for app, operator, count in changes:
+        topo = topologies.get(app)
+        if topo is None:
+            why = f"application {app!r} is not running in this testbed"
+            results.append(RescaleResult(app, operator, 0, 0, done=False, reason=why))
+            continue
+        try:
+            results.append(topo.rescale(operator, count))
+        except Exception as exc:  # noqa: BLE001 - one failed change must not hide the others
+            log.exception("rescaling %s/%s to %s failed", app, operator, count)
+            n = topo.instance_counts().get(operator, 0)
+            why = f"rescale failed: {type(exc).__name__}: {exc}"
+            results.append(RescaleResult(app, operator, n, n, done=False, reason=why))
+    return results
+
+
 def merge_result(into: MoveResult, part: MoveResult) -> None:
     """Add one application's ``part`` to ``into``: every list and every reason map of
     ``MoveResult`` adds up (whatever fields it has), the pause is the longest."""
@@ -88,6 +118,9 @@ class MoveEndpoint:
     ):
         self.topologies: dict[str, DistributedTopology] = dict(topologies or {})
         self._serialize = threading.Lock()
+        # Requests received per path (a controller that retries in a loop shows here).
+        self.requests: dict[str, int] = {}
+        self._serialize_counts = threading.Lock()
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -103,6 +136,13 @@ class MoveEndpoint:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                if self.path == "/parallelism":
+                    counts = {
+                        app: topo.instance_counts()
+                        for app, topo in tuple(endpoint.topologies.items())
+                    }
+                    self._reply(200, counts)
+                    return
                 if self.path != "/placement":
                     self._reply(404, {"error": f"no such path {self.path!r}"})
                     return
@@ -111,20 +151,36 @@ class MoveEndpoint:
                     placement.update({k: list(v) for k, v in topo.placement().items()})
                 self._reply(200, placement)
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                if self.path != "/moves":
-                    self._reply(404, {"error": f"no such path {self.path!r}"})
-                    return
+            def _body(self) -> Any:
+                """The JSON body; None after replying 400."""
                 try:
                     length = int(self.headers.get("Content-Length", "0"))
                 except ValueError:
                     self._reply(400, {"error": "Content-Length must be an integer"})
-                    return
+                    return None
                 if not 0 < length <= MAX_BODY_BYTES:
                     self._reply(400, {"error": f"body must be 1..{MAX_BODY_BYTES} bytes"})
+                    return None
+                try:
+                    return json.loads(self.rfile.read(length))
+                except ValueError as exc:
+                    self._reply(400, {"error": f"body is not JSON: {exc}"})
+                    return None
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                with endpoint._serialize_counts:
+                    endpoint.requests[self.path] = endpoint.requests.get(self.path, 0) + 1
+                if self.path == "/rescale":
+                    self._rescale()
+                    return
+                if self.path != "/moves":
+                    self._reply(404, {"error": f"no such path {self.path!r}"})
+                    return
+                data = self._body()
+                if data is None:
                     return
                 try:
-                    plan = plan_from_dict(json.loads(self.rfile.read(length)))
+                    plan = plan_from_dict(data)
                 except (ValueError, TypeError) as exc:
                     self._reply(400, {"error": f"bad plan: {exc}"})
                     return
@@ -136,6 +192,19 @@ class MoveEndpoint:
                         self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})
                         return
                 self._reply(200, result)
+
+            def _rescale(self) -> None:
+                data = self._body()
+                if data is None:
+                    return
+                try:
+                    changes = parse_rescale_request(data)
+                except ValueError as exc:
+                    self._reply(400, {"error": f"bad rescale request: {exc}"})
+                    return
+                with endpoint._serialize:
+                    results = execute_rescale(endpoint.topologies, changes)
+                self._reply(200, {"results": [r.to_dict() for r in results]})
 
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True

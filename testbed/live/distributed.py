@@ -41,6 +41,30 @@ That is what makes moves and failures exact:
 An instance is never running twice: it is started in a new place only after
 its old incarnation has stopped or its process has died, and messages from an
 incarnation that is no longer current are ignored.
+
+``rescale(operator, count)`` changes an operator's instance count while the
+topology runs (the controller's parallelism decisions, through the endpoint
+in ``actuator.py``), with the same pieces:
+
+- a **stateless** operator gets its new instances started first and routed to
+  once they run; an instance it loses leaves the routing first and is then
+  drained by a stop marker, so no other instance pauses;
+- a **stateful**, fields-grouped operator pauses all its instances (tuples for
+  it are held in order) and stops each after the tuple in hand, taking its
+  final state; the tuples still queued at it come back unprocessed (they are
+  in ``unacked``), so the pause does not grow with the backlog. The states are
+  split or merged by the new key -> instance map (every key goes to the
+  instance that fields grouping will now send it to), the new set of
+  instances starts, each with its share, the routing switches, and the
+  unprocessed tuples, then the held ones, are routed under the new map. If
+  the states cannot be split (a key that is not the grouping key), the old
+  instances start again from their own states with their own tuples and
+  nothing changes.
+
+New instances register with their node's agent like every other instance
+(their worker does it when they start); an instance that stops unregisters.
+The acker's counts by tuple id are the evidence that a rescale lost and
+duplicated nothing.
 """
 
 from __future__ import annotations
@@ -63,9 +87,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
+from controller.edges.parallelism import RescaleResult
 from controller.placement.migration import MoveResult, TestbedMoveActuator
 from controller.placement.model import Plan
-from testbed.live.topology import Topology, TopologySpec, Tuple
+from testbed.live.topology import Topology, TopologySpec, Tuple, key_slot
 from testbed.live.workers import (
     BATCH_SIZE,
     FLUSH_SECONDS,
@@ -77,6 +102,9 @@ from testbed.live.workers import (
 log = logging.getLogger(__name__)
 
 InstanceRef = tuple[str, int]  # (operator, index)
+
+#: Most instances ``rescale`` gives one operator unless the topology says otherwise.
+MAX_INSTANCES = 16
 
 
 def worker_id(app: str, node: str, stateful: bool) -> str:
@@ -155,6 +183,7 @@ class DistributedTopology(Topology):
         group_keys: Mapping[str, Callable] | None = None,
         on_worker_start: Callable[[str, int], None] | None = None,
         counters_seconds: float = 0.5,
+        max_instances: int = MAX_INSTANCES,
     ):
         """``nodes`` maps node id to its agent's registration socket (None: no agent).
 
@@ -166,7 +195,8 @@ class DistributedTopology(Topology):
         ``on_worker_start(node, pid)`` runs as soon as a worker process exists,
         before it starts any instance (e.g. to put it into its node's cgroup).
         ``counters_seconds``: how often each worker pushes its instances' counters
-        to its agent.
+        to its agent. ``max_instances``: the most instances ``rescale`` gives
+        one operator.
         """
         if not nodes:
             raise ValueError("nodes must name at least one node")
@@ -174,6 +204,12 @@ class DistributedTopology(Topology):
             raise ValueError(f"checkpoint_seconds must be > 0, got {checkpoint_seconds!r}")
         if not counters_seconds > 0:
             raise ValueError(f"counters_seconds must be > 0, got {counters_seconds!r}")
+        if isinstance(max_instances, bool) or not isinstance(max_instances, int):
+            raise ValueError(f"max_instances must be an integer, got {max_instances!r}")
+        if max_instances < max([1, *(o.parallelism for o in spec.operators)]):
+            raise ValueError(
+                f"max_instances must be >= every operator's parallelism, got {max_instances}"
+            )
         super().__init__(
             spec,
             rate,
@@ -217,6 +253,10 @@ class DistributedTopology(Topology):
         self._aborted = False
         self.on_worker_start = on_worker_start
         self.counters_seconds = counters_seconds
+        self.max_instances = max_instances
+        self._specs = {o.name: o for o in spec.operators}
+        # (monotonic time, operator, instances before, after) of every rescale carried out.
+        self.rescales_done: list[tuple[float, str, int, int]] = []
 
     # ------------------------------------------------------------ names
     def instance_id(self, op: str, index: int) -> str:
@@ -386,8 +426,9 @@ class DistributedTopology(Topology):
     def _on_message(self, handle: WorkerHandle, item: tuple) -> None:
         kind, op, index = item[0], item[1], item[2]
         with self._lock:
-            slot = self.slots[(op, index)]
-            if slot.worker is not handle:
+            slot = self.slots.get((op, index))
+            if slot is None or slot.worker is not handle:
+                # An earlier incarnation, or an instance a rescale has removed.
                 self.stray_acks += 1
                 return
             if kind == "done":
@@ -720,7 +761,19 @@ class DistributedTopology(Topology):
     def _roll_back(self, slot: InstanceSlot, why: str, result: MoveResult) -> None:
         """Start the instance again where it was (a fresh worker if its own died)."""
         iid = self.instance_id(slot.op, slot.index)
-        candidates = [slot.node] if slot.node in self.nodes else []
+        handle = self._start_anywhere(slot, slot.node)
+        if handle is not None:
+            self._resume(slot, handle)
+            result.rolled_back[iid] = f"{why}; running on {handle.node!r} again"
+            return
+        with self._lock:
+            slot.worker, slot.paused = None, False
+        result.rolled_back[iid] = f"{why}; no node could take it back, tuples held"
+
+    def _start_anywhere(self, slot: InstanceSlot, first: str) -> WorkerHandle | None:
+        """Start ``slot`` (from its snapshot) in a worker on ``first``, else on any
+        other node; the worker it runs in, or None when no node could take it."""
+        candidates = [first] if first in self.nodes else []
         candidates += [n for n in self.nodes if n not in candidates]
         for node in candidates:
             try:
@@ -729,12 +782,8 @@ class DistributedTopology(Topology):
                 continue
             self._launch(slot, handle)
             if self._confirm(slot, handle, "started"):
-                self._resume(slot, handle)
-                result.rolled_back[iid] = f"{why}; running on {node!r} again"
-                return
-        with self._lock:
-            slot.worker, slot.paused = None, False
-        result.rolled_back[iid] = f"{why}; no node could take it back, tuples held"
+                return handle
+        return None
 
     def _stop_idle_workers(self) -> list[str]:
         """End worker processes left without instances (an emptied node runs nothing)."""
@@ -763,3 +812,289 @@ class DistributedTopology(Topology):
                 if slot.worker is not None and slot.worker.alive:
                     sets.setdefault(slot.worker.id, set()).add(self.instance_id(*ref))
             return {w: frozenset(s) for w, s in sets.items()}
+
+    # ------------------------------------------------------------ rescaling
+    def instance_counts(self) -> dict[str, int]:
+        """Operator -> how many instances it runs (routing's view)."""
+        with self._lock:
+            return dict(self._parallelism)
+
+    def rescale(self, operator: str, count: int, node: str | None = None) -> RescaleResult:
+        """Run ``count`` instances of ``operator`` from now on, while tuples flow.
+
+        New instances start on ``node``, or (None) each on the node that runs
+        the fewest instances of this application; the highest-numbered
+        instances are the ones that stop. A change that cannot be made is
+        refused with the reason in the result (``done`` False), nothing
+        changed. Serialized with moves.
+        """
+        with self._migrating:
+            return self._rescale(operator, count, node)
+
+    def _rescale_refusal(self, op: str, count: object, node: str | None) -> str | None:
+        spec = self._specs.get(op)
+        if spec is None:
+            return f"unknown operator {op!r} (operators: {', '.join(self._specs)})"
+        if isinstance(count, bool) or not isinstance(count, int):
+            return f"count must be an integer, got {count!r}"
+        if count < 1:
+            return f"count must be >= 1, got {count}: an operator cannot run without instances"
+        if count > self.max_instances:
+            return (
+                f"count {count} is above the testbed's limit of {self.max_instances} "
+                "instances per operator"
+            )
+        if node is not None and node not in self.nodes:
+            return f"node {node!r} is not in the testbed"
+        if self._listener is None or self._aborted:
+            return "the topology is not running"
+        current = self._parallelism[op]
+        if count != current and spec.stateful and spec.grouping != "fields":
+            return (
+                f"{op} is stateful with {spec.grouping} grouping: its state has no key "
+                "by which to split or merge it"
+            )
+        with self._lock:
+            homeless = [
+                self.instance_id(op, i)
+                for i in range(current)
+                if self.slots[(op, i)].worker is None or not self.slots[(op, i)].worker.alive
+            ]
+        if homeless:
+            return (
+                f"{', '.join(homeless)} has no live worker: recover() or a plan must place it first"
+            )
+        return None
+
+    def _hosts_for_new(self, n: int, node: str | None) -> list[str]:
+        """Nodes for ``n`` new instances: ``node``, else the least-used nodes in turn."""
+        if node is not None:
+            return [node] * n
+        with self._lock:
+            load = dict.fromkeys(self.nodes, 0)
+            for slot in self.slots.values():
+                if slot.node in load:
+                    load[slot.node] += 1
+        hosts = []
+        for _ in range(n):
+            best = min(load, key=load.__getitem__)  # first of the least used
+            hosts.append(best)
+            load[best] += 1
+        return hosts
+
+    def _rescale(self, op: str, count: int, node: str | None) -> RescaleResult:
+        before = self._parallelism.get(op, 0)
+        result = RescaleResult(self.spec.app, op, before, before, done=False)
+        result.reason = self._rescale_refusal(op, count, node)
+        if result.reason is not None:
+            return result
+        if count == before:
+            result.done = True
+            return result
+        spec = self._specs[op]
+        with self._lock:
+            workers_before = {w for w, h in self.workers.items() if h.alive}
+        new_slots: list[InstanceSlot] = []
+        # Start the workers of new instances before anything pauses (as a move
+        # does): a process start must not lengthen the pause.
+        for index, host in zip(
+            range(before, count), self._hosts_for_new(count - before, node), strict=True
+        ):
+            try:
+                self._worker(host, spec.stateful)
+            except RuntimeError as exc:
+                result.reason = f"no worker for a new instance on {host!r}: {exc}"
+                result.stopped_workers = self._stop_idle_workers()
+                return result
+            new_slots.append(InstanceSlot(op, index, spec.stateful, host, paused=True))
+        with self._lock:
+            for slot in new_slots:
+                self.slots[(op, slot.index)] = slot
+        if spec.stateful:
+            self._rescale_stateful(op, count, new_slots, result)
+        else:
+            self._rescale_stateless(op, count, new_slots, result)
+        if result.done:
+            self.rescales_done.append((time.monotonic(), op, before, count))
+        # A worker that died on the way may have hosted instances of other operators.
+        result.notes += [f"{iid} restarted: its worker died" for iid in self._recover()]
+        with self._lock:
+            result.started_workers = sorted(
+                w for w, h in self.workers.items() if h.alive and w not in workers_before
+            )
+        result.stopped_workers = self._stop_idle_workers()
+        result.after = self._parallelism[op]
+        return result
+
+    def _rescale_stateless(
+        self, op: str, count: int, new_slots: list[InstanceSlot], result: RescaleResult
+    ) -> None:
+        before = self._parallelism[op]
+        if count > before:
+            # Routed to only once they run: the others go on meanwhile.
+            failed = [s for s in new_slots if self._start_anywhere(s, s.node) is None]
+            if failed:
+                self._discard(new_slots)
+                names = ", ".join(self.instance_id(op, s.index) for s in failed)
+                result.reason = f"{names} did not start"
+                return
+            with self._lock:
+                for slot in new_slots:
+                    slot.paused = False
+                    if slot.worker is not None:
+                        slot.node = slot.worker.node
+                self._set_parallelism(op, count)
+            result.started = [self.instance_id(op, s.index) for s in new_slots]
+            result.done = True
+            return
+        leaving = [self.slots[(op, i)] for i in range(count, before)]
+        with self._lock:
+            # Out of the routing first: what reaches them from now on is only
+            # what was sent before, which they finish before they stop.
+            self._set_parallelism(op, count)
+            for slot in leaving:
+                slot.paused = True
+            handles = [(slot, slot.worker) for slot in leaving]
+        self._drain(handles)
+        with self._lock:
+            for slot in leaving:
+                del self.slots[(op, slot.index)]
+            for slot in leaving:
+                for raw in [*slot.unacked.values(), *slot.held]:
+                    self._route(op, raw)
+            self._forget_traffic(leaving)
+        result.stopped = [self.instance_id(op, s.index) for s in leaving]
+        result.done = True
+
+    def _rescale_stateful(
+        self, op: str, count: int, new_slots: list[InstanceSlot], result: RescaleResult
+    ) -> None:
+        before = self._parallelism[op]
+        old = [self.slots[(op, i)] for i in range(before)]
+        t0 = time.monotonic()
+        with self._lock:
+            for slot in old:
+                slot.paused = True
+            sources = [(slot, slot.worker) for slot in old]
+        # The queued tuples come back (unacked) and go to their keys' new owners:
+        # the pause does not grow with the backlog.
+        self._drain(sources, now=True)
+        fn = self._specs[op].fn
+        with self._lock:
+            finals = []
+            for slot in old:
+                # What the instance handed over; after a worker died, its last
+                # snapshot with the tuples acknowledged since (as a restart would).
+                state = copy.deepcopy(slot.checkpoint)
+                for raw in slot.replay:
+                    fn(Tuple(*raw), state)
+                finals.append(state)
+        split = self._split_states(op, finals, count)
+        if isinstance(split, str):
+            self._restart_unchanged(old, new_slots)
+            result.reason = f"{split}; the old instances run on unchanged"
+            result.pause_seconds = time.monotonic() - t0
+            return
+        shares, result.moved_keys = split
+        with self._lock:
+            # Tuples the old instances did not finish: re-sent to the keys' new owners.
+            backlog = {slot.index: list(slot.unacked.values()) for slot in old}
+            for slot in old:
+                slot.unacked.clear()
+            keep = [s for s in old if s.index < count] + new_slots
+            leaving = [s for s in old if s.index >= count]
+            for slot in keep:
+                slot.checkpoint, slot.replay = shares[slot.index], []
+        for slot in keep:
+            if self._start_anywhere(slot, slot.node) is None:
+                result.notes.append(
+                    f"{self.instance_id(op, slot.index)} could start on no node; "
+                    "its tuples are held until a plan places it"
+                )
+        with self._lock:
+            self._set_parallelism(op, count)
+            for slot in leaving:
+                del self.slots[(op, slot.index)]
+            for slot in keep:
+                slot.paused = False
+                if slot.worker is not None:
+                    slot.node = slot.worker.node
+            # Per old owner: its unfinished tuples, then the ones held during the
+            # pause. Old owners' keys are disjoint, so every key keeps its order.
+            for slot in old:
+                held, slot.held = slot.held, []
+                for raw in [*backlog[slot.index], *held]:
+                    self._route(op, raw)
+            self._forget_traffic(leaving)
+        result.pause_seconds = time.monotonic() - t0
+        result.started = [self.instance_id(op, s.index) for s in new_slots]
+        result.stopped = [self.instance_id(op, s.index) for s in leaving]
+        result.done = True
+
+    def _drain(
+        self, stopping: list[tuple[InstanceSlot, WorkerHandle | None]], *, now: bool = False
+    ) -> None:
+        """Stop each instance and wait for it: behind every tuple already sent to
+        it, or (``now``) after the tuple in hand, its queue left in ``unacked``.
+
+        One whose worker dies meanwhile keeps its snapshot, ``replay`` and
+        ``unacked``: the caller rebuilds its state and re-sends its tuples.
+        """
+        marker = ("now",) if now else ()
+        for slot, handle in stopping:
+            if handle is not None:
+                handle.out.put(("stop", slot.op, slot.index, *marker), urgent=True)
+        for slot, handle in stopping:
+            if handle is not None:
+                self._confirm(slot, handle, "stopped")
+
+    def _split_states(
+        self, op: str, finals: list[dict], count: int
+    ) -> tuple[list[dict], int] | str:
+        """The states of ``count`` instances made from the old instances' ``finals``,
+        and how many keys changed owner; or why the states cannot be split."""
+        shares: list[dict] = [{} for _ in range(count)]
+        moved = 0
+        for index, state in enumerate(finals):
+            iid = self.instance_id(op, index)
+            if not isinstance(state, dict):
+                return f"state of {iid} is a {type(state).__name__}, not a dict of keys"
+            for key, value in state.items():
+                # Only a state keyed by the grouping key can follow the routing.
+                if not isinstance(key, str) or key_slot(key, len(finals)) != index:
+                    return (
+                        f"state of {iid} holds key {key!r}, which fields grouping does not "
+                        "send to it: its state is not keyed by the grouping key"
+                    )
+                owner = key_slot(key, count)
+                shares[owner][key] = value
+                moved += owner != index
+        return shares, moved
+
+    def _restart_unchanged(self, old: list[InstanceSlot], new_slots: list[InstanceSlot]) -> None:
+        """Undo a stateful rescale before its switch: old instances from their own state."""
+        self._discard(new_slots)
+        for slot in old:
+            handle = self._start_anywhere(slot, slot.node)
+            if handle is not None:
+                self._resume(slot, handle)
+            else:
+                with self._lock:
+                    slot.worker, slot.paused = None, False
+
+    def _discard(self, new_slots: list[InstanceSlot]) -> None:
+        """Stop and forget new instances that were never routed to."""
+        for slot in new_slots:
+            handle = slot.worker
+            if handle is not None and handle.alive:
+                handle.out.put(("stop", slot.op, slot.index), urgent=True)
+                self._confirm(slot, handle, "stopped")
+        with self._lock:
+            for slot in new_slots:
+                self.slots.pop((slot.op, slot.index), None)
+
+    def _forget_traffic(self, gone: list[InstanceSlot]) -> None:
+        """Drop the traffic of instances that no longer exist (placement plans read it)."""
+        ids = {self.instance_id(s.op, s.index) for s in gone}
+        for pair in [p for p in self.traffic if p[0] in ids or p[1] in ids]:
+            del self.traffic[pair]

@@ -115,6 +115,16 @@ class TopologyStats:
     drained: bool = True
 
 
+def key_slot(key: str, instances: int) -> int:
+    """The instance (of ``instances``) that owns ``key`` under fields grouping.
+
+    crc32, not hash(): the same key must land on the same instance in every
+    process, so that state can move between workers, and a rescale can tell
+    which keys change owner.
+    """
+    return zlib.crc32(key.encode()) % instances
+
+
 class Acker:
     """Tracks every root tuple's tree; complete when no part of it is pending."""
 
@@ -240,9 +250,16 @@ class Topology(ABC):
         key_of = self.group_keys.get(operator)
         if key_of is not None:
             key = key_of(value)
-        # crc32, not hash(): the same key must land on the same instance in every
-        # process, so that state can move between workers.
-        return zlib.crc32(key.encode()) % self._parallelism[operator]
+        return key_slot(key, self._parallelism[operator])
+
+    def _set_parallelism(self, operator: str, count: int) -> None:
+        """Route ``operator``'s tuples over ``count`` instances from now on.
+
+        The caller keeps routing and the instances consistent (a rescale holds
+        the router's lock while it switches).
+        """
+        self._parallelism[operator] = count
+        self._rr[operator] = itertools.cycle(range(count))
 
     # ------------------------------------------------------------ input
     def _start_input(self, *loops: tuple[Callable[[], None], str]) -> None:

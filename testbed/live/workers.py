@@ -25,6 +25,11 @@ Messages, driver to worker (items of a batch):
 - ``("lat", op, index, seconds)``: a root this instance completed, for its latency counters;
 - ``("ckpt", op, index)``: reply with a copy of the state once every earlier tuple is done;
 - ``("stop", op, index)``: finish every earlier tuple, then stop and reply with the state;
+- ``("stop", op, index, "now")``: finish the tuple in hand, then stop and reply
+  with the state; the tuples still queued are dropped, and so are tuples that
+  arrive for the instance afterwards. The driver, which has not seen them
+  done, sends them again (a rescale hands them to the keys' new owners), so a
+  long queue does not lengthen the hand-over;
 - ``("exit",)``: stop everything and exit.
 
 Worker to driver: ``("hello", worker_id, pid)`` first, then batches of
@@ -176,6 +181,8 @@ class WorkerInstance:
         self.state = state
         self.replay = replay
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        # Set by a stop "now": leave the queue to the driver.
+        self.yielding = threading.Event()
         self.counters = InstanceCounters()
         self.rng = random.Random(hash((worker.config.app, op, index, worker.config.seed)))
         self.thread = threading.Thread(
@@ -194,7 +201,7 @@ class WorkerInstance:
         cost = spec.cost_ms / 1000.0
         while True:
             item = self.queue.get()
-            if item is _STOP:
+            if item is _STOP or self.yielding.is_set():
                 # Unregister before replying: a restart in this same process is
                 # only requested after the reply, so the agent sees them in order.
                 w.unregister(self.op, self.index)
@@ -229,6 +236,7 @@ class WorkerProcess:
             name=f"{config.worker_id}.sender",
         )
         self.instances: dict[tuple[str, int], WorkerInstance] = {}
+        self.dropped = 0  # tuples for instances stopped "now"
         self._client = None
         if config.agent_socket:
             from agent.instance_client import AgentClient
@@ -267,7 +275,11 @@ class WorkerProcess:
         """Apply one message; False when the worker must exit."""
         kind = item[0]
         if kind == "t":
-            inst = self.instances[(item[1], item[2])]
+            inst = self.instances.get((item[1], item[2]))
+            if inst is None:
+                # Sent before the instance was stopped "now": the driver re-sends it.
+                self.dropped += 1
+                return True
             inst.counters.received += 1
             inst.queue.put(item[3])
         elif kind == "start":
@@ -281,9 +293,13 @@ class WorkerProcess:
                 inst.counters.latency_sum_seconds += item[3]
                 inst.counters.latency_count += 1
         elif kind == "ckpt":
-            self.instances[(item[1], item[2])].queue.put(_CHECKPOINT)
+            inst = self.instances.get((item[1], item[2]))
+            if inst is not None:
+                inst.queue.put(_CHECKPOINT)
         elif kind == "stop":
             inst = self.instances.pop((item[1], item[2]))
+            if item[3:] == ("now",):
+                inst.yielding.set()
             inst.queue.put(_STOP)
         elif kind == "exit":
             return False

@@ -15,6 +15,8 @@ reproducible for one seed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from controller.edges.nodepool import NodeChange, NodeChangeResult
@@ -68,7 +70,7 @@ class SimNodePool:
         inbox = self.agents._inbox.setdefault(nid, [])
         inbox.clear()
         self.controller.sessions.attach(nid, inbox.append)
-        moved = self._fill(n)
+        moved = self._fill(n, change.weights)
         self.added += 1
         return NodeChangeResult(
             "done",
@@ -76,8 +78,8 @@ class SimNodePool:
             nid,
         )
 
-    def _fill(self, new: int) -> int:
-        moved = spread_onto(self.sim, new)
+    def _fill(self, new: int, weights: Mapping[str, float]) -> int:
+        moved = spread_onto(self.sim, new, weights)
         self.moves += moved
         return moved
 
@@ -128,11 +130,16 @@ def attach_node_pool(
     return pool
 
 
-def spread_onto(sim: ClusterSim, new: int) -> int:
+def spread_onto(sim: ClusterSim, new: int, weights: Mapping[str, float] | None = None) -> int:
     """Move instances from the busiest nodes to node ``new`` while that narrows the
     gap to the mean load per core, stateless ones first (as an engine's rebalance
-    after a node joins); the instances moved."""
+    after a node joins); the instances moved.
+
+    ``weights`` (app -> QoS class weight, from the controller's change) puts the
+    lightest classes first: each move pauses the instance moved."""
     demand = np.where(sim.alive, sim.work_rate, 0.0)
+    weights = weights or {}
+    app_weight = [weights.get(a.name, 0.0) for a in sim.sc.apps]
     load = np.bincount(sim.node, demand, minlength=len(sim.cores))
     target = load.sum() / sim.cores.sum() * sim.cores[new]
     moved = 0
@@ -144,7 +151,12 @@ def spread_onto(sim: ClusterSim, new: int) -> int:
         if not len(on) or util[src] <= load[new] / sim.cores[new]:
             return moved
         order = sorted(
-            on.tolist(), key=lambda i: (bool(sim.op_stateful[sim.inst_op[i]]), -demand[i])
+            on.tolist(),
+            key=lambda i: (
+                app_weight[sim.op_app[sim.inst_op[i]]],
+                bool(sim.op_stateful[sim.inst_op[i]]),
+                -demand[i],
+            ),
         )
         pick = next((i for i in order if load[new] + demand[i] <= target + 1e-9), None)
         if pick is None:

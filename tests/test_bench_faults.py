@@ -71,6 +71,8 @@ def quick(tmp_path_factory) -> dict:
     return {"code": proc.returncode, "log": log, "doc": json.loads(out.read_text()), "token": token}
 
 
+# The tests that read the matrix run alone (tests/conftest.py): its recoveries must
+# fit in leases of a few seconds. The rest of this file runs with the other tests.
 TOTALS = (
     "qos_settings_lost",
     "caps_out_of_bounds",
@@ -81,6 +83,7 @@ TOTALS = (
 )
 
 
+@pytest.mark.serial
 def test_the_quick_matrix_counts_nothing_lost_and_says_so_in_its_json(quick):
     doc = quick["doc"]
     assert quick["code"] == 0, quick["log"][-4000:]
@@ -102,6 +105,7 @@ def test_the_quick_matrix_counts_nothing_lost_and_says_so_in_its_json(quick):
     assert doc["qos_checks"] >= 3
 
 
+@pytest.mark.serial
 def test_every_fault_kind_was_really_injected(quick):
     by = {f["name"]: f for f in quick["doc"]["faults"]}
     kills = by["controller-kill"]["details"]
@@ -150,6 +154,7 @@ def test_every_fault_kind_was_really_injected(quick):
     assert sum(v for k, v in threads["outcomes"].items() if k.endswith(":thread_gone")) == made
 
 
+@pytest.mark.serial
 def test_the_matrix_leaves_no_namespace_link_cgroup_or_mount(quick):
     token = quick["token"]
     from pyroute2 import IPRoute, netns

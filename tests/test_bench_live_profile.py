@@ -201,6 +201,8 @@ def test_paper_comparison_puts_the_papers_table_beside_ours():
     assert paper_comparison("http", ours)["latency_over_r_storm_70"]["paper"] is None
 
 
+# Alone (tests/conftest.py): a live run on two agent nodes.
+@pytest.mark.serial
 def test_smoke_two_nodes_with_placement_and_the_papers_table(tmp_path, cgroup_v1_cpu):
     """seed001 shortened by flags: dsched on two agent nodes with `liu` placement and
     live moves, static-0.7 placed once; workers, nodes and moves reported."""

@@ -392,7 +392,8 @@ class ParallelismConfig:
     # it loses one (raising is at once).
     lower_patience_epochs: int = 6
     # One instance fewer only when each of the rest would need at most this share
-    # of `max_instance_cores` for the predicted load, in (0, 1].
+    # of `max_instance_cores`, for the predicted load and for the latency target,
+    # in (0, 1].
     lower_utilization: float = 0.6
     # Per-operator limits, keyed "APP/OPERATOR".
     operators: dict[str, ParallelismLimits] = field(default_factory=dict)

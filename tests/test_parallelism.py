@@ -77,7 +77,11 @@ def test_one_fewer_only_after_patience_epochs_in_a_row():
 def test_no_fewer_when_the_latency_target_would_be_unreachable_with_one_fewer():
     d, below = decide({OP: sizing(current=3, rate=100.0, need_one_fewer=1.4)}, patience=0)
     assert d[OP].decided == 3 and "one instance fewer" in d[OP].reason and below == {}
+    # The latency need has the load's band: above lower_utilization x the maximum
+    # (0.6 here) one instance fewer would sit just under the raise threshold.
     d, _ = decide({OP: sizing(current=3, rate=100.0, need_one_fewer=0.7)}, patience=0)
+    assert d[OP].decided == 3 and "0.70 cores per instance > 0.6 x 1" in d[OP].reason
+    d, _ = decide({OP: sizing(current=3, rate=100.0, need_one_fewer=0.55)}, patience=0)
     assert d[OP].decided == 2
 
 

@@ -155,10 +155,13 @@ def _step_want(s: OperatorSizing, max_cores: float, lower_util: float) -> tuple[
         fewer = s.load_cores / (s.current - 1)
         if fewer > lower_util * max_cores:
             return s.current, "load fits the instances running"
-        if s.need_one_fewer is not None and s.need_one_fewer > max_cores * (1 + _EPS):
+        # The same band for the latency need as for the load: an operator lowered
+        # to just under the raise threshold is raised again by the next wobble,
+        # and each change pauses it.
+        if s.need_one_fewer is not None and s.need_one_fewer > lower_util * max_cores:
             return s.current, (
                 f"with one instance fewer the latency target would need "
-                f"{s.need_one_fewer:.2f} cores per instance > {max_cores:g}"
+                f"{s.need_one_fewer:.2f} cores per instance > {lower_util:g} x {max_cores:g}"
             )
         return s.current - 1, (
             f"{s.current - 1} instance(s) would carry {s.load_cores:.2f} cores at "

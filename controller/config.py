@@ -395,6 +395,11 @@ class ParallelismConfig:
     # of `max_instance_cores`, for the predicted load and for the latency target,
     # in (0, 1].
     lower_utilization: float = 0.6
+    # When one operator of an application gains an instance, its other operators
+    # (rule `step`) whose instances each carry more than `lower_utilization` of
+    # `max_instance_cores` gain one in the same epoch: the application pauses once,
+    # not once per operator (on Flink any rescale restarts the whole job).
+    raise_together: bool = True
     # Per-operator limits, keyed "APP/OPERATOR".
     operators: dict[str, ParallelismLimits] = field(default_factory=dict)
 

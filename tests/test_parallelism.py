@@ -35,7 +35,7 @@ def sizing(current=2, rate=100.0, kappa=0.005, unreachable=False, need_one_fewer
     return OperatorSizing(current, rate, kappa, unreachable, need_one_fewer)
 
 
-def decide(inputs, below=None, *, lo=1, hi=8, patience=3, models=None):
+def decide(inputs, below=None, *, lo=1, hi=8, patience=3, models=None, raise_together=True):
     return decide_parallelism(
         inputs,
         below or {},
@@ -44,6 +44,7 @@ def decide(inputs, below=None, *, lo=1, hi=8, patience=3, models=None):
         lower_utilization=0.6,
         patience=patience,
         models=models,
+        raise_together=raise_together,
     )
 
 
@@ -114,6 +115,44 @@ def test_limits_hold_the_decision():
     assert d[OP].decided == 4 and "outside the operator's limits" in d[OP].reason
 
 
+def test_an_application_gains_instances_together_where_its_operators_are_busy():
+    """One operator of `app` needs one more; its other operators whose instances each
+    carry more than the lowering band (0.6 x 1 core) gain one in the same epoch, the
+    others and other applications' operators do not."""
+    up = OperatorKey("app", "count")  # 1.25 cores per instance: needs one more
+    busy = OperatorKey("app", "split")  # 0.7 per instance
+    idle = OperatorKey("app", "sink")  # 0.3 per instance
+    full = OperatorKey("app", "map")  # 0.9 per instance, at its limit
+    other = OperatorKey("other", "split")  # 0.9 per instance, another application
+    inputs = {
+        up: sizing(current=2, rate=500.0),
+        busy: sizing(current=2, rate=280.0),
+        idle: sizing(current=1, rate=60.0),
+        full: sizing(current=4, rate=720.0),
+        other: sizing(current=1, rate=180.0),
+    }
+    d, _ = decide(inputs)
+    assert d[up].decided == 3
+    assert d[busy].decided == 3 and "one more with app/count" in d[busy].reason
+    assert d[idle].decided == 1 and d[other].decided == 1
+    d, _ = decide({**inputs, full: sizing(current=4, rate=720.0)}, hi=4)
+    assert d[full].decided == 4 and d[busy].decided == 3
+    # An operator sized by its performance model keeps the model's count (MBA: two
+    # threads carry 280/s where one carries 150/s).
+    model = PerformanceModel.from_table(
+        [(1, 150.0, 100.0, 10.0), (2, 300.0, 190.0, 10.0)], name="split"
+    )
+    d, _ = decide(inputs, models={"app/split": model})
+    assert d[busy].rule == "mba" and d[busy].decided == 2 and d[up].decided == 3
+    # Off: each operator on its own.
+    d, _ = decide(inputs, raise_together=False)
+    assert d[up].decided == 3 and d[busy].decided == 2
+    # An operator waiting to lose an instance is not raised (it carries too little),
+    # and with no raise in the application nothing moves.
+    d, below = decide({busy: sizing(current=2, rate=280.0), idle: sizing(current=3, rate=60.0)})
+    assert d[busy].decided == 2 and d[idle].decided == 3 and below == {idle: 1}
+
+
 def test_mba_with_a_model_sizes_bundles_and_threads():
     # One slot: 1 thread 10/s, 2 threads 18/s, 3 threads 20/s (the best bundle).
     model = PerformanceModel.from_table(
@@ -137,6 +176,7 @@ def test_mba_with_a_model_sizes_bundles_and_threads():
         ({"min_instances": 4, "max_instances": 2}, "parallelism.max_instances"),
         ({"lower_patience_epochs": -1}, "parallelism.lower_patience_epochs"),
         ({"lower_utilization": 1.5}, "parallelism.lower_utilization"),
+        ({"raise_together": "yes"}, "parallelism.raise_together"),
         ({"actuator": "kubectl"}, "parallelism.actuator"),
         (
             {"operators": {"a/b": {"max_instances": -2}}},

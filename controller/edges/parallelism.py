@@ -415,6 +415,7 @@ class ParallelismEdge:
             lower_utilization=cfg.lower_utilization,
             patience=cfg.lower_patience_epochs,
             models=self.models,
+            raise_together=cfg.raise_together,
         )
         changes = [
             ParallelismChange(k, d.current, d.decided, d.reason)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -188,10 +188,12 @@ def decide_parallelism(
     lower_utilization: float,
     patience: int,
     models: Mapping[OperatorKey | str, PerformanceModel] | None = None,
+    raise_together: bool = True,
 ) -> tuple[dict[OperatorKey, ParallelismDecision], dict[OperatorKey, int]]:
     """Decisions per operator and the new count of epochs in a row each wanted fewer.
 
     ``below`` is that count from the last epoch (operators missing start at 0).
+    ``raise_together``: see :func:`_raise_with_application`.
     """
     if not (math.isfinite(max_instance_cores) and max_instance_cores > 0):
         raise ValueError(f"max_instance_cores must be > 0, got {max_instance_cores!r}")
@@ -227,4 +229,47 @@ def decide_parallelism(
         decisions[key] = ParallelismDecision(s.current, decided, rule, why, want)
         if count:
             new_below[key] = count
+    if raise_together:
+        _raise_with_application(
+            decisions, inputs, new_below, limits, max_instance_cores * lower_utilization
+        )
     return decisions, new_below
+
+
+def _raise_with_application(
+    decisions: dict[OperatorKey, ParallelismDecision],
+    inputs: Mapping[OperatorKey, OperatorSizing],
+    below: dict[OperatorKey, int],
+    limits: Callable[[OperatorKey], tuple[int, int]],
+    busy_cores: float,
+) -> None:
+    """One more instance, in the same epoch, for every other operator of an
+    application that gains one, where the operator's instances each carry more
+    than ``busy_cores`` (rule ``step`` only: MBA's count is the model's).
+
+    A rescale pauses what it touches (on Flink, the whole job), and on a rising
+    load the busy operators of an application come due one after another:
+    together they pause once. The threshold is the lowering band's, so an
+    operator raised this way is not a candidate to lose the instance again."""
+    raising: dict[str, OperatorKey] = {}
+    for key, d in decisions.items():
+        if d.decided > d.current:
+            raising.setdefault(key.app, key)
+    for key, d in list(decisions.items()):
+        by = raising.get(key.app)
+        if by is None or d.decided != d.current or d.rule != "step":
+            continue
+        s = inputs[key]
+        lo, hi = limits(key)
+        per = s.load_cores / s.current
+        if not (lo <= s.current < hi) or per <= busy_cores:
+            continue
+        decisions[key] = replace(
+            d,
+            decided=s.current + 1,
+            reason=(
+                f"{d.reason}; one more with {by} (each instance carries {per:.2f} cores "
+                f"> {busy_cores:.2g}, the lowering band)"
+            ),
+        )
+        below.pop(key, None)

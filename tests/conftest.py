@@ -18,8 +18,9 @@ CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 # (Tests that check only their own cgroup root, counts or losses run with the rest.)
 # Single tests that need it carry the mark themselves: test_bench_live.py's and
 # test_bench_live_profile.py's real runs, test_bench_faults.py's fault matrix (real
-# cgroups, namespaces and daemons, killed on purpose) and test_controller_live.py's
-# runs (gold's latency against bronze's); their files' other tests run with the rest.
+# cgroups, namespaces and daemons, killed on purpose), test_controller_live.py's
+# runs (gold's latency against bronze's) and test_demo.py's two-node placement;
+# their files' other tests run with the rest.
 SERIAL_FILES = frozenset(
     {
         "test_agent_cgroup_v1.py",  # a saturated thread measures its cap

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import resource
 import sys
@@ -13,6 +14,9 @@ from dsched.config import ConfigError, load_config, override
 from dsched.signals import STOPPED, StopOnSignals
 
 DEFAULT_CONFIG = Path("/etc/dsched/controller.toml")
+#: A stop that has not finished after this long prints every thread's stack to
+#: stderr (the journal), so a hang names where it waits; the stop goes on.
+STOP_STACKS_AFTER_SECONDS = 20.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,8 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg.state_dir,
     )
     done.wait()
-    server.stop(grace=2)
-    controller.stop()
+    faulthandler.dump_traceback_later(STOP_STACKS_AFTER_SECONDS, exit=False)
+    try:
+        server.stop(grace=2)
+        controller.stop()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     return STOPPED
 
 

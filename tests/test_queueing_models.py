@@ -178,11 +178,13 @@ def test_sojourn_quantile_is_monotone_in_utilization(rho_a, rho_b, m, ca2, cs2, 
 
 # ----------------------------------------------------------------- arrays vs scalars
 
+# No subnormal values: at 1e-313 a float keeps a few digits, and the array and
+# scalar forms differ by the format's rounding (rtol ~1e-11), not by the code.
 operators = st.tuples(
-    st.floats(0.0, 0.98),  # utilization
+    st.floats(0.0, 0.98, allow_subnormal=False),  # utilization
     st.integers(1, 16),
-    st.floats(0.0, 3.0),
-    st.floats(0.0, 3.0),
+    st.floats(0.0, 3.0, allow_subnormal=False),
+    st.floats(0.0, 3.0, allow_subnormal=False),
     st.floats(0.05, 20.0),  # service rate
 )
 

@@ -161,23 +161,33 @@ def test_embedded_job_makes_windows_readable_and_stops_cleanly(spark, tmp_path):
     config = _config(tmp_path, slot_seconds=2.0, trigger_seconds=0.25)
     history = EmbeddedHistory(config)
     history.start()
-    assert history.wait_running(120), history.status().error
-    writer = SpoolWriter(config)
-    now = time.time()
-    start = now - (now % 2.0) - 4.0
-    for slot in range(2):
-        instances, nodes = H.slot_samples(slot)
-        writer.write_slot(slot, start + 2.0 * slot, 2.0, instances, nodes, None)
-    reader = HistoryReader(config)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(reader.operator_history("wc", "split", 5)) < 2:
-        time.sleep(0.2)
-    assert len(reader.operator_history("wc", "split", 5)) == 2
-    status = history.status()
-    assert status.state == "running"
-    assert status.committed_slot == 1
-    assert status.lag_seconds is not None and status.lag_seconds >= 0
-    history.stop()
+    try:
+        assert history.wait_running(120), history.status().error
+        writer = SpoolWriter(config)
+        now = time.time()
+        start = now - (now % 2.0) - 4.0
+        for slot in range(2):
+            instances, nodes = H.slot_samples(slot)
+            writer.write_slot(slot, start + 2.0 * slot, 2.0, instances, nodes, None)
+        reader = HistoryReader(config)
+
+        # A batch writes its windows first and its progress (committed slot) after.
+        def caught_up() -> bool:
+            rows = len(reader.operator_history("wc", "split", 5))
+            return rows >= 2 and history.status().committed_slot == 1
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not caught_up():
+            time.sleep(0.2)
+        assert len(reader.operator_history("wc", "split", 5)) == 2
+        status = history.status()
+        assert status.state == "running"
+        assert status.committed_slot == 1
+        assert status.lag_seconds is not None and status.lag_seconds >= 0
+    finally:
+        # Also on a failure: a query left running in the shared session would
+        # refuse the next test's query of the same name.
+        history.stop()
     assert history.status().state == "stopped"
     # The shared session survives: the embedded job only stops what it created.
     assert spark.range(3).count() == 3

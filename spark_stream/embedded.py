@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from spark_stream import job
 from spark_stream.config import HistoryConfig
@@ -113,7 +113,7 @@ class EmbeddedHistory:
                 self._stop.wait(1.0)
         except Exception as exc:  # any failure is reported through status(), not raised
             log.exception("history job failed")
-            self._error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self._error = _first_line(exc)
             self._state = "failed"
 
     def _refit(self) -> None:
@@ -127,7 +127,7 @@ class EmbeddedHistory:
             counts = fit_models(self._spark, self.config)
         except Exception as exc:  # noqa: BLE001 - a bad fit must not stop the history
             log.warning("history: refit of the model tables failed", exc_info=True)
-            self._fit_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self._fit_error = _first_line(exc)
             return
         self._fits += 1
         self._last_fit_at = time.time()
@@ -182,9 +182,8 @@ class EmbeddedHistory:
                 rate = float(last["processedRowsPerSecond"]) if last else None
             except Exception:  # the JVM may be going away while we ask
                 rate = None
-        return HistoryStatus(
-            state=self._state,
-            spark_master=self.config.spark_master,
+        return replace(
+            self.fit_counts(),
             last_batch_id=progress.get("batch_id"),
             committed_slot=progress.get("committed_slot"),
             latest_window_end=reader.latest_window_end(),
@@ -193,7 +192,10 @@ class EmbeddedHistory:
             input_rows_per_second=rate,
             error=self._error,
             quarantined=reader.quarantine_counts(),
-            fits=self._fits,
-            last_fit_at=self._last_fit_at,
-            fit_error=self._fit_error,
         )
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line for a status field (its type when it has no text)."""
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__

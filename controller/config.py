@@ -361,6 +361,9 @@ class ParallelismLimits:
 
 #: Instance counts beyond this are refused as a typo (an operator of 10,000 threads).
 MAX_PARALLELISM = 1024
+#: Slots a parallelism raise may look ahead along the arrivals' trend at most: a line
+#: through a few slots says little about the load an hour later.
+MAX_LOOKAHEAD_SLOTS = 60
 
 
 @dataclass
@@ -396,10 +399,18 @@ class ParallelismConfig:
     # in (0, 1].
     lower_utilization: float = 0.6
     # When one operator of an application gains an instance, its other operators
-    # (rule `step`) whose instances each carry more than `lower_utilization` of
-    # `max_instance_cores` gain one in the same epoch: the application pauses once,
-    # not once per operator (on Flink any rescale restarts the whole job).
+    # (rule `step`) whose instances each carry (or, by the lookahead, will carry)
+    # more than `lower_utilization` of `max_instance_cores` gain one in the same
+    # epoch: the application pauses once, not once per operator (on Flink any
+    # rescale restarts the whole job).
     raise_together: bool = True
+    # Raise where the application's offered load (its sources' arrivals, along
+    # their least-squares line over the last phi slots, when the rise is beyond
+    # chance for Poisson counts) takes an operator to the raise point (load or
+    # latency target) within this many slots after the next one; 0: only on the
+    # next slot's forecast. A rescale pauses the operator: on a rising load, the
+    # earlier, the fewer tuples wait through it.
+    raise_lookahead_slots: int = 2
     # Per-operator limits, keyed "APP/OPERATOR".
     operators: dict[str, ParallelismLimits] = field(default_factory=dict)
 
@@ -446,6 +457,13 @@ class ParallelismConfig:
             math.isfinite(self.lower_utilization) and 0 < self.lower_utilization <= 1,
             "lower_utilization",
             "must be a number in (0, 1]",
+        )
+        require(
+            isinstance(self.raise_lookahead_slots, int)
+            and not isinstance(self.raise_lookahead_slots, bool)
+            and 0 <= self.raise_lookahead_slots <= MAX_LOOKAHEAD_SLOTS,
+            "raise_lookahead_slots",
+            f"must be an integer in [0, {MAX_LOOKAHEAD_SLOTS}]",
         )
         for name, own in self.operators.items():
             where = f'operators."{name}"'

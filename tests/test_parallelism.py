@@ -5,21 +5,27 @@ the decision record's `parallelism` entry and the simulator's actuator."""
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from bench.sim_elastic import CONTENDERS, run_elastic
 from controller.config import ControllerConfig, ParallelismConfig
-from controller.edges.parallelism import ParallelismChange
+from controller.edges.parallelism import ParallelismChange, ParallelismEdge
 from controller.record import explain_lines
+from controller.stages.demand import InstanceDemand
+from controller.stages.evaluate import OperatorView
+from controller.stages.forecast import OperatorForecast
 from controller.stages.parallelism import (
     OperatorSizing,
     decide_parallelism,
-    needs_with_one_fewer,
+    offered_growth,
+    per_instance_needs,
+    sizing_inputs,
 )
 from dsched.config import ConfigError, from_dict
-from dsched.ids import OperatorKey
+from dsched.ids import InstanceKey, OperatorKey
 from predict.perfmodel import PerformanceModel
 from testbed.sim.engine import ClusterSim
 from testbed.sim.parallelism import SimParallelism, attach_parallelism
@@ -31,8 +37,8 @@ OP = OperatorKey("app", "split")
 COUNTERS = ("cpu_seconds", "busy_seconds", "executed", "received", "source_arrivals")
 
 
-def sizing(current=2, rate=100.0, kappa=0.005, unreachable=False, need_one_fewer=None):
-    return OperatorSizing(current, rate, kappa, unreachable, need_one_fewer)
+def sizing(current=2, rate=100.0, kappa=0.005, unreachable=False, need_one_fewer=None, **ahead):
+    return OperatorSizing(current, rate, kappa, unreachable, need_one_fewer, **ahead)
 
 
 def decide(inputs, below=None, *, lo=1, hi=8, patience=3, models=None, raise_together=True):
@@ -58,6 +64,69 @@ def test_one_more_at_once_when_an_instance_needs_more_than_a_core():
 def test_one_more_when_the_latency_target_is_unreachable_at_the_maximum():
     d, _ = decide({OP: sizing(current=2, rate=100.0, unreachable=True)})
     assert d[OP].decided == 3 and "unreachable" in d[OP].reason
+
+
+def test_one_more_ahead_where_the_offered_load_rises():
+    # 0.6 cores per instance now; the trend reaches 440/s (1.1 each) within 2 slots.
+    d, _ = decide({OP: sizing(current=2, rate=240.0, rate_ahead=440.0, lookahead=2)})
+    assert d[OP].decided == 3
+    assert "trend reaches 440.0/s within 2 slot(s)" in d[OP].reason, d[OP].reason
+    # Or its latency target would be out of reach at the rate ahead.
+    d, _ = decide({OP: sizing(current=2, rate=240.0, rate_ahead=300.0, need_ahead=1.2)})
+    assert d[OP].decided == 3 and "latency target would need 1.20 cores" in d[OP].reason
+    # Within reach at the rate ahead, or no rise: the count stays.
+    for ahead in ({"rate_ahead": 300.0, "need_ahead": 0.9}, {}):
+        d, _ = decide({OP: sizing(current=2, rate=240.0, **ahead)})
+        assert d[OP].decided == 2, d[OP].reason
+
+
+def source_view(key, arrivals, upstream=(), seconds=5.0):
+    inst = [InstanceKey(key.app, key.operator, 0)]
+    arrivals = np.asarray(arrivals, dtype=float)
+    zeros = np.zeros(len(arrivals))
+    return OperatorView(
+        key=key,
+        instances=inst,
+        nodes=dict.fromkeys(inst, "n1"),
+        stateful=False,
+        upstream=tuple(upstream),
+        seconds=np.full(len(arrivals), seconds),
+        arrivals=arrivals,
+        executed=arrivals,
+        emitted=arrivals,
+        cpu_seconds=zeros,
+        queue=zeros,
+        queue_by_instance={},
+        usage_by_instance={},
+        cap_by_instance={},
+        throttled_by_instance={},
+        latency_ms=None,
+        service_ms=None,
+    )
+
+
+def test_the_offered_load_grows_only_where_the_sources_rise_beyond_chance():
+    src, down = OperatorKey("app", "src"), OperatorKey("app", "count")
+    other = OperatorKey("other", "src")
+    # 40, 46, 52/s over 5-s slots: a Poisson count's slope error is ~2/s per slot.
+    views = {
+        src: source_view(src, [40.0, 46.0, 52.0]),
+        # Downstream of a backlog being drained: its own burst does not count.
+        down: source_view(down, [40.0, 90.0, 140.0], upstream=("src",)),
+        # A steady stream's slots tilt by chance (45 -> 47 is within one error).
+        other: source_view(other, [45.0, 46.0, 47.0]),
+    }
+    growth = offered_growth(views, 2)
+    # Next slot on the line: 58/s; two slots further +12/s.
+    assert growth == {"app": pytest.approx(12.0 / 58.0)}
+    assert offered_growth({src: source_view(src, [40.0, 52.0])}, 2) == {}  # two slots
+    assert offered_growth({src: source_view(src, [52.0, 46.0, 40.0])}, 2) == {}  # falling
+    # Every operator of the application gets the sized rate grown by that share.
+    fcs = {k: OperatorForecast(k, 100.0, "linear_trend", {}, 0.005) for k in views}
+    inputs = sizing_inputs(views, fcs, {}, lookahead=2)
+    assert inputs[down].rate_ahead == pytest.approx(100.0 * (1 + 12.0 / 58.0))
+    assert inputs[other].rate_ahead is None
+    assert all(s.rate_ahead is None for s in sizing_inputs(views, fcs, {}).values())
 
 
 def test_one_fewer_only_after_patience_epochs_in_a_row():
@@ -88,20 +157,20 @@ def test_no_fewer_when_the_latency_target_would_be_unreachable_with_one_fewer():
 
 def test_one_fewer_needs_the_latency_solved_for_one_server_fewer():
     s = {OP: sizing(current=3, rate=100.0)}
-    tight = needs_with_one_fewer(
-        s, {OP: 0.006}, arrival_scv=1.0, service_scv=1.0, model="allen-cunneen"
+    tight = per_instance_needs(
+        s, {OP: 0.006}, arrival_scv=1.0, service_scv=1.0, model="allen-cunneen", fewer=1
     )
-    loose = needs_with_one_fewer(
-        s, {OP: 1.0}, arrival_scv=1.0, service_scv=1.0, model="allen-cunneen"
+    loose = per_instance_needs(
+        s, {OP: 1.0}, arrival_scv=1.0, service_scv=1.0, model="allen-cunneen", fewer=1
     )
     # A budget barely above the service time needs fast instances; a loose one does not.
     assert tight[OP] > 0.8 > loose[OP] >= 100.0 * 0.005 / 2
     # Per-operator (measured) variability: burstier arrivals need more.
-    bursty = needs_with_one_fewer(
-        s, {OP: 0.02}, arrival_scv={OP: 4.0}, service_scv={OP: 1.0}, model="allen-cunneen"
+    bursty = per_instance_needs(
+        s, {OP: 0.02}, arrival_scv={OP: 4.0}, service_scv={OP: 1.0}, model="allen-cunneen", fewer=1
     )
-    calm = needs_with_one_fewer(
-        s, {OP: 0.02}, arrival_scv={OP: 0.1}, service_scv={OP: 1.0}, model="allen-cunneen"
+    calm = per_instance_needs(
+        s, {OP: 0.02}, arrival_scv={OP: 0.1}, service_scv={OP: 1.0}, model="allen-cunneen", fewer=1
     )
     assert bursty[OP] > calm[OP]
 
@@ -177,6 +246,10 @@ def test_mba_with_a_model_sizes_bundles_and_threads():
         ({"lower_patience_epochs": -1}, "parallelism.lower_patience_epochs"),
         ({"lower_utilization": 1.5}, "parallelism.lower_utilization"),
         ({"raise_together": "yes"}, "parallelism.raise_together"),
+        ({"raise_lookahead_slots": -1}, "parallelism.raise_lookahead_slots"),
+        ({"raise_lookahead_slots": 61}, "parallelism.raise_lookahead_slots"),
+        ({"raise_lookahead_slots": 2.5}, "parallelism.raise_lookahead_slots"),
+        ({"raise_lookahead_slots": True}, "parallelism.raise_lookahead_slots"),
         ({"actuator": "kubectl"}, "parallelism.actuator"),
         (
             {"operators": {"a/b": {"max_instances": -2}}},
@@ -246,6 +319,53 @@ def test_record_says_what_was_decided_and_whether_it_was_carried_out(act):
         assert not policy.failed_epochs
     finally:
         policy.close()
+
+
+class CarriesOut:
+    """An actuator that does what it is told (the edge's bookkeeping is under test)."""
+
+    name = "test"
+
+    def apply(self, changes):
+        return {c.key: None for c in changes}
+
+
+def epoch_of(epoch, rate, unreachable):
+    """What the parallelism edge reads of an epoch: one operator whose views show a
+    single instance, sized for ``rate`` (10 ms per tuple, a 50-ms budget)."""
+    view = source_view(OP, [rate] * 3)
+    inst = view.instances[0]
+    reason = "latency-unreachable" if unreachable else "latency"
+    return SimpleNamespace(
+        epoch=epoch,
+        views={OP: view},
+        forecasts={OP: OperatorForecast(OP, rate, "linear_trend", {}, 0.01)},
+        demands={inst: InstanceDemand(inst, "n1", 1.0, reason)},
+        budgets={OP: 0.05},
+        classes={},
+        latency_criterion="mean",
+        latency_model="allen-cunneen",
+        variability={},
+    )
+
+
+def test_an_instance_added_is_counted_before_its_first_report():
+    """An instance added reports a slot after it starts: until then the views show
+    the old one carrying everything, which the demand stage finds short of the
+    target again. Judged for the two instances set, 80/s is within reach (0.4
+    cores each), and the operator must not gain a third (and pause again)."""
+    edge = ParallelismEdge(ParallelismConfig(), max_instance_cores=1.0)
+    edge.use(CarriesOut())
+    first = edge.offer(epoch_of(1, 120.0, unreachable=True), enforce=True)
+    assert [(r["current"], r["decided"], r["outcome"]) for r in first["operators"]] == [
+        (1, 2, "done")
+    ]
+    second = edge.offer(epoch_of(2, 80.0, unreachable=True), enforce=True)
+    row = second["operators"][0]
+    assert (row["current"], row["decided"]) == (2, 2), row
+    # Where two are short of the target too, the third comes at once.
+    third = edge.offer(epoch_of(3, 190.0, unreachable=True), enforce=True)
+    assert third["operators"][0]["decided"] == 3, third
 
 
 def test_sim_actuator_changes_instance_counts():

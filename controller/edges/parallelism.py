@@ -35,8 +35,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from controller.stages.parallelism import (
+    OperatorSizing,
     decide_parallelism,
-    needs_with_one_fewer,
+    per_instance_needs,
     sizing_inputs,
 )
 from dsched.ids import OperatorKey
@@ -369,7 +370,11 @@ class ParallelismEdge:
         }
         if not cfg.enabled:
             return row
-        inputs = sizing_inputs(result.views, result.forecasts, result.demands)
+        inputs = sizing_inputs(
+            result.views, result.forecasts, result.demands, cfg.raise_lookahead_slots
+        )
+        # Operators whose views still show another count than the one set here.
+        in_flight: set[OperatorKey] = set()
         for key, s in list(inputs.items()):
             set_to = self._set.get(key)
             if set_to is None:
@@ -378,7 +383,9 @@ class ParallelismEdge:
             if s.current == count or result.epoch - at > self.settle_epochs:
                 del self._set[key]
             else:
-                inputs[key] = replace(s, current=count)
+                # Reachability is judged again below for the count set.
+                inputs[key] = replace(s, current=count, unreachable=False)
+                in_flight.add(key)
         quantiles = (
             {a: c.sojourn_quantile for a, c in result.classes.items()}
             if result.latency_criterion == "quantile"
@@ -391,22 +398,41 @@ class ParallelismEdge:
         if measured:
             arrival_scv = {k: v.arrival_scv for k, v in measured.items()}
             service_scv = {k: v.service_scv for k, v in measured.items()}
-        try:
-            fewer = needs_with_one_fewer(
-                inputs,
+
+        def needs(sizing: dict[OperatorKey, OperatorSizing], fewer: int) -> dict:
+            return per_instance_needs(
+                sizing,
                 result.budgets,
                 arrival_scv=arrival_scv,
                 service_scv=service_scv,
                 model=result.latency_model,
                 quantiles=quantiles,
+                fewer=fewer,
             )
+
+        try:
+            # The demand stage judged reachability for the instances the views
+            # show; where a change is in flight, judge it for the count set
+            # (a new instance reports a slot late, and its operator's old
+            # instances alone would look short of the target again).
+            if in_flight:
+                now = needs({k: inputs[k] for k in in_flight}, 0)
+                for key, need in now.items():
+                    if need > self.max_instance_cores:
+                        inputs[key] = replace(inputs[key], unreachable=True)
+            for key, need in needs(inputs, 1).items():
+                inputs[key] = replace(inputs[key], need_one_fewer=need)
+            rising = {
+                k: replace(s, rate=s.rate_ahead)
+                for k, s in inputs.items()
+                if s.rate_ahead is not None
+            }
+            for key, need in needs(rising, 0).items():
+                inputs[key] = replace(inputs[key], need_ahead=need)
         except ValueError:
-            # Without the M- latency check nothing is lowered on latency grounds
+            # Without the latency checks nothing is lowered on latency grounds
             # this epoch; the load rule still holds.
-            log.warning("parallelism: latency with one instance fewer not solved", exc_info=True)
-            fewer = {}
-        for key, need in fewer.items():
-            inputs[key] = replace(inputs[key], need_one_fewer=need)
+            log.warning("parallelism: latency needs per instance not solved", exc_info=True)
         decisions, self._below = decide_parallelism(
             inputs,
             self._below,

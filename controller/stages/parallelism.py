@@ -37,6 +37,10 @@ from predict.perfmodel import PerformanceModel, _mba_task
 
 # Demand this close above the maximum is rounding, not a reason to grow.
 _EPS = 1e-9
+#: Slots of a source's arrivals before their trend may raise ahead of the load,
+#: and the standard errors (Poisson counts) its slope must exceed.
+TREND_MIN_SLOTS = 3
+TREND_Z = 2.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,12 @@ class OperatorSizing:
     # Cores per instance its latency budget would need with one instance fewer
     # (None: no budget, or one instance already).
     need_one_fewer: float | None = None
+    # Where the arrivals rise: the rate their trend reaches ``lookahead`` slots
+    # after the next one (None: not rising, or no lookahead), and the cores per
+    # instance the latency budget needs at that rate with the instances running.
+    rate_ahead: float | None = None
+    need_ahead: float | None = None
+    lookahead: int = 0
 
     @property
     def load_cores(self) -> float:
@@ -66,7 +76,7 @@ class ParallelismDecision:
     wanted: int  # what the rule asked for before hysteresis and limits
 
 
-def needs_with_one_fewer(
+def per_instance_needs(
     sizing: Mapping[OperatorKey, OperatorSizing],
     budgets: Mapping[OperatorKey, float],
     *,
@@ -74,17 +84,19 @@ def needs_with_one_fewer(
     service_scv: float | Mapping[OperatorKey, float],
     model: str,
     quantiles: Mapping[str, float] | None = None,
+    fewer: int = 0,
 ) -> dict[OperatorKey, float]:
-    """Per operator with more than one instance: the per-instance cores its latency
-    budget needs with one instance fewer (the M- case of "QoS-aware CPU cap
-    adjustment for timely data-flow" §4.2), as the demand stage solves it for the
-    instances running (``quantiles``: app -> sojourn quantile, else the mean).
-    The squared coefficients of variation are one value for all or one per
-    operator (measured; an operator missing takes 1)."""
+    """Per operator: the per-instance cores its latency budget needs with
+    ``fewer`` instances fewer than ``current`` (1: the M- case of "QoS-aware CPU
+    cap adjustment for timely data-flow" §4.2), as the demand stage solves it
+    (``quantiles``: app -> sojourn quantile, else the mean). Operators without
+    a budget, load, or ``fewer + 1`` instances are left out. The squared
+    coefficients of variation are one value for all or one per operator
+    (measured; an operator missing takes 1)."""
     keys = [
         k
         for k, s in sizing.items()
-        if s.current > 1
+        if s.current > fewer
         and budgets.get(k, 0.0) > 0
         and s.rate > 0
         and s.kappa > 0
@@ -96,7 +108,7 @@ def needs_with_one_fewer(
         keys,
         np.array([budgets[k] for k in keys]),
         np.array([sizing[k].rate for k in keys]),
-        np.array([sizing[k].current - 1 for k in keys], dtype=float),
+        np.array([sizing[k].current - fewer for k in keys], dtype=float),
         np.array([sizing[k].kappa for k in keys]),
         arrival_scv,
         service_scv,
@@ -109,22 +121,62 @@ def sizing_inputs(
     views: Mapping[OperatorKey, OperatorView],
     forecasts: Mapping[OperatorKey, OperatorForecast],
     demands: Mapping[InstanceKey, InstanceDemand],
+    lookahead: int = 0,
 ) -> dict[OperatorKey, OperatorSizing]:
-    """The stage's inputs from one epoch's views, forecasts and instance demands."""
+    """The stage's inputs from one epoch's views, forecasts and instance demands.
+
+    ``lookahead`` > 0: where an application's offered load rises, every operator
+    of it gets ``rate_ahead``, its sized rate grown by :func:`offered_growth`."""
+    growth = offered_growth(views, lookahead) if lookahead > 0 else {}
     out = {}
     for key, view in views.items():
         fc = forecasts.get(key)
         if fc is None or not view.instances:
             continue
+        rate = max(0.0, float(fc.demand_rate))
+        g = growth.get(key.app)
         out[key] = OperatorSizing(
             current=len(view.instances),
-            rate=max(0.0, float(fc.demand_rate)),
+            rate=rate,
             kappa=max(0.0, float(fc.kappa)),
             unreachable=any(
                 demands[k].reason == "latency-unreachable" for k in view.instances if k in demands
             ),
+            rate_ahead=rate * (1 + g) if g is not None else None,
+            lookahead=lookahead,
         )
     return out
+
+
+def offered_growth(views: Mapping[OperatorKey, OperatorView], lookahead: int) -> dict[str, float]:
+    """Per application whose offered load rises: by what share its source
+    operators' arrivals grow over ``lookahead`` slots after the next one, along
+    their least-squares line through the view's slots.
+
+    The sources' arrivals, not each operator's own: an operator downstream of one
+    that drains a backlog sees a burst of arrivals that rises and falls with the
+    backlog, and a raise for it would pause the operator for nothing. A rise
+    counts only from ``TREND_MIN_SLOTS`` slots on and where the slope exceeds
+    ``TREND_Z`` standard errors of a Poisson stream's counts at those rates:
+    two or three slots of a steady stream tilt by chance."""
+    rise: dict[str, float] = {}
+    level: dict[str, float] = {}
+    for key, view in views.items():
+        n = len(view.arrivals)
+        if view.upstream or n < TREND_MIN_SLOTS:
+            continue
+        x = np.arange(n, dtype=float)
+        w = (x - x.mean()) / np.sum((x - x.mean()) ** 2)
+        y = np.asarray(view.arrivals, dtype=float)
+        slope = float(w @ y)
+        # Var(count / seconds) = rate / seconds for Poisson counts.
+        se = math.sqrt(float(w**2 @ (np.maximum(y, 0.0) / np.maximum(view.seconds, 1e-9))))
+        next_slot = max(0.0, float(y.mean() + slope * (n - x.mean())))
+        rise[key.app] = rise.get(key.app, 0.0) + (
+            slope * lookahead if slope > TREND_Z * se else 0.0
+        )
+        level[key.app] = level.get(key.app, 0.0) + next_slot
+    return {app: r / level[app] for app, r in rise.items() if r > 0 and level[app] > 0}
 
 
 def model_for(
@@ -151,6 +203,22 @@ def _step_want(s: OperatorSizing, max_cores: float, lower_util: float) -> tuple[
         )
     if s.unreachable:
         return s.current + 1, f"latency target unreachable with caps at {max_cores:g} cores"
+    # A rescale pauses the operator, and the tuples that arrive meanwhile wait
+    # through the pause and the catch-up after it: on a rising load the same
+    # step costs the fewer late tuples the earlier it is taken.
+    if s.rate_ahead is not None:
+        per_ahead = s.rate_ahead * s.kappa / s.current
+        ahead = f"the arrivals' trend reaches {s.rate_ahead:.1f}/s within {s.lookahead} slot(s)"
+        if per_ahead > max_cores * (1 + _EPS):
+            return s.current + 1, (
+                f"{ahead}: an instance would need {per_ahead:.2f} cores > "
+                f"max_instance_cores {max_cores:g}"
+            )
+        if s.need_ahead is not None and s.need_ahead > max_cores * (1 + _EPS):
+            return s.current + 1, (
+                f"{ahead}: the latency target would need {s.need_ahead:.2f} cores per "
+                f"instance > max_instance_cores {max_cores:g}"
+            )
     if s.current > 1:
         fewer = s.load_cores / (s.current - 1)
         if fewer > lower_util * max_cores:
@@ -261,14 +329,20 @@ def _raise_with_application(
             continue
         s = inputs[key]
         lo, hi = limits(key)
-        per = s.load_cores / s.current
+        # The load the lookahead sees where the offered load rises: the operators
+        # of a rising application come due together.
+        rate = (
+            max(s.rate, s.rate_ahead or 0.0) if __import__("os").environ.get("EXP_TA") else s.rate
+        )
+        per = rate * s.kappa / s.current
         if not (lo <= s.current < hi) or per <= busy_cores:
             continue
+        carries = "carries" if rate == s.rate else f"will carry (at {rate:.1f}/s)"
         decisions[key] = replace(
             d,
             decided=s.current + 1,
             reason=(
-                f"{d.reason}; one more with {by} (each instance carries {per:.2f} cores "
+                f"{d.reason}; one more with {by} (each instance {carries} {per:.2f} cores "
                 f"> {busy_cores:.2g}, the lowering band)"
             ),
         )

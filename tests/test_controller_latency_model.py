@@ -22,10 +22,10 @@ from controller.stages.demand import (
     latency_budgets,
     latency_needs,
 )
-from controller.stages.evaluate import OperatorView, evaluate
+from controller.stages.evaluate import evaluate
 from controller.stages.forecast import OperatorForecast
 from dsched.config import ConfigError, from_dict
-from dsched.ids import InstanceKey, OperatorKey
+from dsched.ids import OperatorKey
 from predict.queueing import (
     DEFAULT_WAIT_MODEL,
     WAIT_MODELS,
@@ -38,6 +38,7 @@ from predict.queueing import (
 )
 from tests.test_controller_epoch import SyntheticNode
 from tests.test_controller_epoch import config as epoch_config
+from tests.view_support import operator_view
 
 G_G_M = sorted(set(WAIT_MODELS) - {"kingman"})
 
@@ -110,25 +111,12 @@ def test_a_coarse_rate_tolerance_stays_feasible_and_close():
 # ------------------------------------------------------------------ the controller's functions
 def one_operator(rate: float, kappa: float, instances: int, app: str = "a"):
     key = OperatorKey(app, "op")
-    inst = tuple(InstanceKey(app, "op", i) for i in range(instances))
-    view = OperatorView(
-        key=key,
-        instances=list(inst),
-        nodes=dict.fromkeys(inst, "n1"),
-        stateful=False,
-        upstream=(),
-        seconds=np.ones(3),
-        arrivals=np.full(3, rate),
-        executed=np.full(3, rate),
+    view = operator_view(
+        key,
+        np.full(3, rate),
+        instances=instances,
         emitted=np.zeros(3),
         cpu_seconds=np.full(3, rate * kappa),
-        queue=np.zeros(3),
-        queue_by_instance={},
-        usage_by_instance={},
-        cap_by_instance={},
-        throttled_by_instance={},
-        latency_ms=None,
-        service_ms=None,
         last_timestamp=3.0,
     )
     fc = OperatorForecast(key, rate, "linear_trend", {}, kappa)

@@ -138,11 +138,21 @@ def _operators(rec: dict, app: str) -> dict[str, dict]:
 
 
 def _measured(rec: dict | None, apps: tuple[str, ...]) -> bool:
+    """Every vertex of ``apps`` in ``rec`` with arrivals and a forecast above 0.
+
+    Flink's REST metric store refreshes once a second here, as often as a slot
+    ends, so one slot can see a vertex's counters move by two refreshes and the
+    next by none: the least-squares line through such slots falls steeply and
+    its forecast is floored at 0 for that epoch. A record that shows the capability under test is one where the
+    counters had arrived."""
     if not rec:
         return False
     for app in apps:
         ops = _operators(rec, app)
-        if not all(v in ops and ops[v]["arrival_rate"] > 0 for v in VERTICES):
+        if not all(
+            v in ops and ops[v]["arrival_rate"] > 0 and ops[v]["predicted_rate"] > 0
+            for v in VERTICES
+        ):
             return False
     return True
 

@@ -15,7 +15,6 @@ from controller.config import ControllerConfig, ParallelismConfig
 from controller.edges.parallelism import ParallelismChange, ParallelismEdge
 from controller.record import explain_lines
 from controller.stages.demand import InstanceDemand
-from controller.stages.evaluate import OperatorView
 from controller.stages.forecast import OperatorForecast
 from controller.stages.parallelism import (
     OperatorSizing,
@@ -25,13 +24,14 @@ from controller.stages.parallelism import (
     sizing_inputs,
 )
 from dsched.config import ConfigError, from_dict
-from dsched.ids import InstanceKey, OperatorKey
+from dsched.ids import OperatorKey
 from predict.perfmodel import PerformanceModel
 from testbed.sim.engine import ClusterSim
 from testbed.sim.parallelism import SimParallelism, attach_parallelism
 from testbed.sim.policies import DschedPolicy, UtilScalerPolicy
 from testbed.sim.run import observe, run_policy
 from testbed.sim.scenario import elastic
+from tests.view_support import operator_view
 
 OP = OperatorKey("app", "split")
 COUNTERS = ("cpu_seconds", "busy_seconds", "executed", "received", "source_arrivals")
@@ -80,29 +80,9 @@ def test_one_more_ahead_where_the_offered_load_rises():
         assert d[OP].decided == 2, d[OP].reason
 
 
-def source_view(key, arrivals, upstream=(), seconds=5.0):
-    inst = [InstanceKey(key.app, key.operator, 0)]
-    arrivals = np.asarray(arrivals, dtype=float)
-    zeros = np.zeros(len(arrivals))
-    return OperatorView(
-        key=key,
-        instances=inst,
-        nodes=dict.fromkeys(inst, "n1"),
-        stateful=False,
-        upstream=tuple(upstream),
-        seconds=np.full(len(arrivals), seconds),
-        arrivals=arrivals,
-        executed=arrivals,
-        emitted=arrivals,
-        cpu_seconds=zeros,
-        queue=zeros,
-        queue_by_instance={},
-        usage_by_instance={},
-        cap_by_instance={},
-        throttled_by_instance={},
-        latency_ms=None,
-        service_ms=None,
-    )
+def source_view(key, arrivals, upstream=()):
+    """An operator over three or two 5-s slots (``upstream``: not a source)."""
+    return operator_view(key, arrivals, upstream=upstream, slot_seconds=5.0)
 
 
 def test_the_offered_load_grows_only_where_the_sources_rise_beyond_chance():

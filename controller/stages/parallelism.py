@@ -159,23 +159,29 @@ def offered_growth(views: Mapping[OperatorKey, OperatorView], lookahead: int) ->
     counts only from ``TREND_MIN_SLOTS`` slots on and where the slope exceeds
     ``TREND_Z`` standard errors of a Poisson stream's counts at those rates:
     two or three slots of a steady stream tilt by chance."""
+    # Sources grouped by their number of slots, each group one matrix (an epoch
+    # at cluster size has hundreds of sources, nearly all with phi slots).
+    groups: dict[int, list[OperatorView]] = {}
+    for view in views.values():
+        n = len(view.arrivals)
+        if not view.upstream and n >= TREND_MIN_SLOTS:
+            groups.setdefault(n, []).append(view)
     rise: dict[str, float] = {}
     level: dict[str, float] = {}
-    for key, view in views.items():
-        n = len(view.arrivals)
-        if view.upstream or n < TREND_MIN_SLOTS:
-            continue
+    for n, group in groups.items():
         x = np.arange(n, dtype=float)
         w = (x - x.mean()) / np.sum((x - x.mean()) ** 2)
-        y = np.asarray(view.arrivals, dtype=float)
-        slope = float(w @ y)
+        y = np.array([v.arrivals for v in group], dtype=float)
+        seconds = np.maximum(np.array([v.seconds for v in group], dtype=float), 1e-9)
+        slope = y @ w
         # Var(count / seconds) = rate / seconds for Poisson counts.
-        se = math.sqrt(float(w**2 @ (np.maximum(y, 0.0) / np.maximum(view.seconds, 1e-9))))
-        next_slot = max(0.0, float(y.mean() + slope * (n - x.mean())))
-        rise[key.app] = rise.get(key.app, 0.0) + (
-            slope * lookahead if slope > TREND_Z * se else 0.0
-        )
-        level[key.app] = level.get(key.app, 0.0) + next_slot
+        se = np.sqrt((np.maximum(y, 0.0) / seconds) @ (w * w))
+        next_slot = np.maximum(0.0, y.mean(axis=1) + slope * (n - x.mean()))
+        up = np.where(slope > TREND_Z * se, slope * lookahead, 0.0)
+        for view, r, lv in zip(group, up.tolist(), next_slot.tolist(), strict=True):
+            app = view.key.app
+            rise[app] = rise.get(app, 0.0) + r
+            level[app] = level.get(app, 0.0) + lv
     return {app: r / level[app] for app, r in rise.items() if r > 0 and level[app] > 0}
 
 

@@ -4,6 +4,7 @@ run of the real command (controller, agent, cgroups), and Ctrl-C cleanup."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from bench.live import (
     scenario_levels,
     wordcount_spec,
 )
-from testbed.live.static import Scale, static_caps
+from testbed.live.static import Reservation, Scale, static_caps
 
 DSCHED = str(Path(sys.executable).parent / "dsched")
 CPU = Path("/sys/fs/cgroup/cpu")
@@ -309,6 +310,35 @@ def test_sigint_stops_every_worker_and_removes_every_cgroup(tmp_path, cgroup_v1_
     assert not alive, [c.pid for c in alive]
     assert not top.exists(), sorted(str(x) for x in top.rglob("*") if x.is_dir())
     assert not (tmp_path / "r.json").exists()
+
+
+SPAWNER = """
+import threading, time
+while True:
+    threading.Thread(target=time.sleep, args=(0.002,)).start()
+    time.sleep(0.0005)
+"""
+
+
+def test_reservation_is_removed_while_a_process_in_it_starts_threads(cgroup_v1_cpu):
+    """A run's process still stopping can start threads in ``harness/`` while the
+    reservation is being removed; each keeps the cgroup busy for the rmdir that
+    follows the move of the tasks listed before it. Nothing may be left."""
+    res = Reservation(cgroup_v1_cpu, f"dsched-test-leave-{os.getpid()}")
+    res.top.mkdir()
+    res.harness.mkdir()
+    spawner = subprocess.Popen([sys.executable, "-c", SPAWNER])
+    try:
+        (res.harness / "cgroup.procs").write_text(f"{spawner.pid}\n")
+        time.sleep(0.3)
+        assert len((res.harness / "tasks").read_text().split()) > 1
+        res.leave()
+        assert res.leftover() == []
+        assert spawner.poll() is None  # its threads moved out; the process lives on
+    finally:
+        spawner.kill()
+        spawner.wait()
+        res.leave()
 
 
 def test_http_monitor_counters_report_closed_windows_and_alarm_flags_bursts():

@@ -30,6 +30,7 @@ capacity on a shared machine, and removes it all at the end.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,6 +232,11 @@ def _write_file(path: Path, value: str) -> None:
         os.close(fd)
 
 
+#: How long :meth:`Reservation.leave` keeps trying, and how often.
+LEAVE_SECONDS = 3.0
+LEAVE_RETRY_SECONDS = 0.02
+
+
 class Reservation:
     """The CPU a benchmark run is given on a shared machine, as one cgroup of its own.
 
@@ -289,17 +295,26 @@ class Reservation:
         except ProcessLookupError:
             pass  # the process exited meanwhile
 
-    def leave(self) -> None:
-        """Move every thread back to the top cgroup and remove the whole reservation."""
-        if not self.top.is_dir():
-            return
-        # Every tree inside: ``testbed/``, ``harness/`` and any per-node root.
-        for child in sorted(p.name for p in self.top.iterdir() if p.is_dir()):
-            release_and_remove(CgroupV1(self.top, child))
-        try:
-            self.top.rmdir()
-        except OSError:
-            pass
+    def leave(self, seconds: float = LEAVE_SECONDS) -> None:
+        """Move every thread back to the top cgroup and remove the whole reservation.
+
+        A process of the run that is still stopping can start a thread between
+        the listing of a cgroup's tasks and its rmdir; the new thread keeps the
+        cgroup busy. So the whole pass repeats for up to ``seconds`` until the
+        reservation is gone (what is left then, :meth:`leftover` lists)."""
+        deadline = time.monotonic() + seconds
+        while self.top.is_dir():
+            # Every tree inside: ``testbed/``, ``harness/`` and any per-node root.
+            for child in sorted(p.name for p in self.top.iterdir() if p.is_dir()):
+                release_and_remove(CgroupV1(self.top, child))
+            try:
+                self.top.rmdir()
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(LEAVE_RETRY_SECONDS)
 
     def leftover(self) -> list[str]:
         """Cgroup directories of this reservation still present (empty after ``leave``)."""

@@ -399,10 +399,9 @@ class ParallelismConfig:
     # in (0, 1].
     lower_utilization: float = 0.6
     # When one operator of an application gains an instance, its other operators
-    # (rule `step`) whose instances each carry (or, by the lookahead, will carry)
-    # more than `lower_utilization` of `max_instance_cores` gain one in the same
-    # epoch: the application pauses once, not once per operator (on Flink any
-    # rescale restarts the whole job).
+    # (rule `step`) whose instances each carry more than `lower_utilization` of
+    # `max_instance_cores` gain one in the same epoch: the application pauses once,
+    # not once per operator (on Flink any rescale restarts the whole job).
     raise_together: bool = True
     # Raise where the application's offered load (its sources' arrivals, along
     # their least-squares line over the last phi slots, when the rise is beyond

@@ -335,20 +335,14 @@ def _raise_with_application(
             continue
         s = inputs[key]
         lo, hi = limits(key)
-        # The load the lookahead sees where the offered load rises: the operators
-        # of a rising application come due together.
-        rate = (
-            max(s.rate, s.rate_ahead or 0.0) if __import__("os").environ.get("EXP_TA") else s.rate
-        )
-        per = rate * s.kappa / s.current
+        per = s.load_cores / s.current
         if not (lo <= s.current < hi) or per <= busy_cores:
             continue
-        carries = "carries" if rate == s.rate else f"will carry (at {rate:.1f}/s)"
         decisions[key] = replace(
             d,
             decided=s.current + 1,
             reason=(
-                f"{d.reason}; one more with {by} (each instance {carries} {per:.2f} cores "
+                f"{d.reason}; one more with {by} (each instance carries {per:.2f} cores "
                 f"> {busy_cores:.2g}, the lowering band)"
             ),
         )

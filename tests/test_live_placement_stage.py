@@ -85,6 +85,40 @@ def test_overloaded_node_moves_only_stateless_instances_when_that_suffices():
     json.dumps(summary)  # goes into the decision record as is
 
 
+def test_no_moves_when_every_node_is_over_capacity_and_moving_relieves_nothing():
+    from controller.placement import get_strategy
+    from controller.placement.stage import overload_cores
+
+    # n1 carries 1.9 cores and n2 0.8, each over its 0.6 usable: liu's own plan still
+    # swaps the stateful count instances and moves a split, which relieves nothing.
+    state = build_placement_input(_demands(0.5, 0.8), CAPACITY, _current(), dags=DAG)
+    own = get_strategy("liu").plan(state, headroom_cores=0.1)
+    assert any(m.stateful for m in own.moves)
+    before = overload_cores(state, state.current_assignment(), 0.1)
+    assert before == pytest.approx(1.5)
+    assert overload_cores(state, own.assignment, 0.1) == pytest.approx(before)
+    assert (
+        plan_placement(
+            _demands(0.5, 0.8), CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG
+        )
+        is None
+    )
+
+
+def test_a_plan_that_relieves_part_of_the_overload_is_kept():
+    # n1 is over by 0.55 cores; n2 has 0.5 spare: the plan cannot fit everything but
+    # lowers the overload, so it stands.
+    from controller.placement.stage import overload_cores
+
+    demands = _demands(0.5, 0.1)
+    state = build_placement_input(demands, CAPACITY, _current(), dags=DAG)
+    plan = plan_placement(demands, CAPACITY, _current(), "liu", headroom_cores=0.1, dags=DAG)
+    assert plan is not None and plan.moves
+    assert overload_cores(state, plan.assignment, 0.1) < overload_cores(
+        state, state.current_assignment(), 0.1
+    )
+
+
 def test_node_that_can_be_emptied_gets_a_scale_in_plan_once_low_load_persists():
     from controller.placement import get_strategy
 

@@ -136,6 +136,11 @@ def placement_needed(
 
     With ``scale_in`` False a node that could be emptied is no reason to plan.
     """
+    return _needs(state, headroom_cores, scale_in)[0]
+
+
+def _needs(state: PlacementInput, headroom_cores: float, scale_in: bool) -> tuple[list[str], bool]:
+    """:func:`placement_needed`'s reasons, and whether overload is the only one."""
     reasons = []
     load = dict.fromkeys(state.node_ids, 0.0)
     for inst in state.instances:
@@ -147,6 +152,7 @@ def placement_needed(
                 f"node {node} over capacity: {used:.2f} > "
                 f"{state.capacity(node, headroom_cores):.2f} cores"
             )
+    overloaded = len(reasons)
     displaced = state.displaced()
     if displaced:
         reasons.append(f"{len(displaced)} instances on nodes that are gone")
@@ -158,7 +164,7 @@ def placement_needed(
         if used <= room + EPSILON_CORES:
             reasons.append(f"node {node} ({used:.2f} cores) can be emptied")
             break
-    return reasons
+    return reasons, overloaded == len(reasons)
 
 
 def build_strategy(name: str, slot_seconds: float, scale_in_wait_seconds: float, **options):
@@ -209,7 +215,7 @@ def plan_placement(
     if isinstance(strategy, str):
         strategy = get_strategy(strategy)
     state = build_placement_input(demands, capacity, current, dags=dags, traffic=traffic)
-    why = placement_needed(state, headroom_cores, scale_in)
+    why, overload_only = _needs(state, headroom_cores, scale_in)
     if not why:
         strategy.observe(state, headroom_cores)
         return None
@@ -218,7 +224,37 @@ def plan_placement(
         plan = recommend_only(state, plan, pinned, headroom_cores)
     if not plan.moves and not plan.recommended:
         return None
+    if overload_only and not relieves(state, plan, headroom_cores):
+        return None
     return replace(plan, reasons=(*why, *plan.reasons))
+
+
+def overload_cores(
+    state: PlacementInput, assignment: Mapping[str, tuple[str, str]], headroom_cores: float
+) -> float:
+    """How far the nodes' demand exceeds their usable capacity, summed over the nodes,
+    with the instances where ``assignment`` (id -> (worker, node)) puts them."""
+    load = dict.fromkeys(state.node_ids, 0.0)
+    for inst in state.instances:
+        where = assignment.get(inst.id)
+        if where is not None and where[1] in load:
+            load[where[1]] += inst.demand_cores
+    return sum(max(0.0, used - state.capacity(n, headroom_cores)) for n, used in load.items())
+
+
+def relieves(state: PlacementInput, plan: Plan, headroom_cores: float) -> bool:
+    """Whether a plan made for overload alone (no instance displaced, no node to
+    empty) is worth its moves: it lowers the cores by which nodes are over
+    capacity, or it empties a node. Moving an instance between two nodes that are
+    both over, or onto one it pushes over by as much as it relieves, pauses the
+    instance and relieves nothing: the allocator cuts the caps to fit each node
+    either way."""
+    nodes_before = {node for _worker, node in state.current_assignment().values()}
+    if plan.nodes_used < len(nodes_before):
+        return True
+    before = overload_cores(state, state.current_assignment(), headroom_cores)
+    after = overload_cores(state, plan.assignment, headroom_cores)
+    return after < before - EPSILON_CORES
 
 
 def recommend_only(

@@ -645,7 +645,9 @@ class ControllerConfig:
     # reports (node id -> cores), e.g. to leave the rest to other tenants.
     node_capacity_cores: dict[str, float] = field(default_factory=dict)
     # Load predictors whose maximum is the forecast: `linear_trend` (every
-    # operator), `dag` (non-sources, from their parents), `arima` (sources),
+    # operator), `last_value` (every operator: the last slot's arrivals, so a
+    # trend never forecasts below what arrives now), `dag` (non-sources, from
+    # their parents), `arima` (sources),
     # `seasonal` (sources: where the arrivals repeat with a period of at most
     # arima_history / 2 slots and the seasonal forecast has beaten the others
     # lately, it replaces their maximum).

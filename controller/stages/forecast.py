@@ -48,9 +48,9 @@ from predict.load import (
 from predict.seasonal import Seasonal
 
 #: Predictor names for the ``predictors`` config key; ``dag`` applies to
-#: non-sources, ``arima`` and ``seasonal`` to sources only.
+#: non-sources, ``arima`` and ``seasonal`` to sources only, ``last_value`` to all.
 PREDICTORS: Registry[str] = Registry("predictor", "predictors")
-for _name in ("linear_trend", "dag", "arima", "seasonal"):
+for _name in ("linear_trend", "last_value", "dag", "arima", "seasonal"):
     PREDICTORS.add(_name, lambda _n=_name: _n)
 
 
@@ -198,6 +198,7 @@ def forecast(
     kappa_memory = {} if kappa_memory is None else kappa_memory
     use_trend = "linear_trend" in predictors
     use_dag = "dag" in predictors
+    use_last = "last_value" in predictors
     use_arima = sources is not None and "arima" in predictors
     use_seasonal = sources is not None and "seasonal" in predictors
     cols = operator_columns(views, phi, use_trend)
@@ -215,6 +216,12 @@ def forecast(
             for op, v in ops.items()
         }
         own = dict(trended)
+        # The last slot's arrivals: under the max rule they keep a trend that
+        # overshoots downward after a drop (a step, not a ramp) from forecasting
+        # less than what is arriving now.
+        last = {op: float(v.arrivals[-1]) for op, v in ops.items()} if use_last else {}
+        for op, value in last.items():
+            own[op] = max(own[op], value)
         children = {op: [c for c, w in ops.items() if op in w.upstream] for op in ops}
         has_parents = {op for kids in children.values() for op in kids}
         arima: dict[str, float] = {}
@@ -252,6 +259,8 @@ def forecast(
         )
         for op, v in ops.items():
             candidates = {"linear_trend": trended[op]}
+            if op in last:
+                candidates["last_value"] = last[op]
             if op in arima:
                 candidates["arima"] = arima[op]
             if op in has_parents and use_dag:

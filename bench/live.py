@@ -539,6 +539,10 @@ def controller_config(
         # a ramp, short enough to forget the level before the last change. ARIMA
         # needs a longer history than a benchmark run has.
         "phi": phi if phi is not None else max(2, round(TREND_SECONDS / epoch_seconds)),
+        # A queue left by a burst (or by a move's pause) is drained over the same
+        # span: within one 0.5-s epoch it would ask for several times the node, and
+        # placement would move instances to find room that no node has.
+        "backlog_drain_slots": max(1, round(TREND_SECONDS / epoch_seconds)),
         "predictors": ["linear_trend", "dag"],
         "node_capacity_cores": {n: scale.capacity_cores / nodes for n in node_names(nodes)},
     }

@@ -62,6 +62,8 @@ def test_seed001_profile_sets_the_papers_settings():
     assert s["theta_cores"] == pytest.approx(0.2 / 0.7 * r["scale"].core_07, rel=1e-4)
     c = r["controller"]
     assert c["phi"] == 5 and c["theta_cores"] == pytest.approx(s["theta_cores"], rel=1e-4)
+    # A backlog drains within one 10-s slot, as the paper's.
+    assert c["backlog_drain_slots"] == 1
     assert c["placement"] == "liu" and c["node_capacity_cores"] == {"n1": 0.8, "n2": 0.8}
 
 
@@ -73,6 +75,8 @@ def test_default_profile_is_todays_behaviour():
     assert s["theta_cores"] == 0.005 and s["phi"] == 4 and s["nodes"] == 1
     assert r["scale"].share_07 == 1.0
     assert r["controller"]["node_capacity_cores"] == {"local": 1.6}
+    # A backlog drains over the trend's 2 s (four 0.5-s epochs), not within one epoch.
+    assert r["controller"]["backlog_drain_slots"] == 4
     assert "placement" not in r["controller"]
     assert PROFILES["default"].theta_cores == 0.005
 

@@ -53,6 +53,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import tempfile
 import threading
@@ -596,10 +597,20 @@ MAX_SOCKET_DIR = 80
 
 def cluster_workdir(wanted: Path) -> Path:
     """``wanted``, or a short directory under the temp dir when its socket path would
-    not fit in a Unix socket address."""
+    not fit in a Unix socket address (:func:`settle_workdir` moves its files to
+    ``wanted`` once the cluster has stopped)."""
     if len(str(wanted.resolve())) <= MAX_SOCKET_DIR:
         return wanted
     return Path(tempfile.mkdtemp(prefix=f"dsl-{wanted.name[:20]}-"))
+
+
+def settle_workdir(used: Path, wanted: Path) -> None:
+    """Once the cluster has stopped: the logs, configs and state of a short stand-in
+    directory go to ``wanted`` (sockets stay behind), and the stand-in is removed."""
+    if used == wanted:
+        return
+    shutil.copytree(used, wanted, ignore=shutil.ignore_patterns("*.sock"), dirs_exist_ok=True)
+    shutil.rmtree(used, ignore_errors=True)
 
 
 def _wait(settings: RunSettings, seconds: float) -> None:
@@ -620,6 +631,8 @@ def run_contender(
     roots = {n: node_root(settings.nodes, n) for n in nodes}
     backends = {n: res.backend(period, roots[n]) for n in nodes}
     cluster: LocalCluster | None = None
+    wanted = settings.workdir / f"{scn.name}-{name}"
+    workdir = wanted
     endpoint: MoveEndpoint | None = None
     topo: LiveTopology | DistributedTopology | None = None
     sampler: Sampler | None = None
@@ -640,8 +653,9 @@ def run_contender(
                 # topology is attached once it runs.
                 endpoint = MoveEndpoint().start()
                 ccfg.update(move_actuator="testbed", move_url=endpoint.url)
+            workdir = cluster_workdir(wanted)
             cluster = LocalCluster(
-                cluster_workdir(settings.workdir / f"{scn.name}-{name}"),
+                workdir,
                 mode="enforce",
                 slot_seconds=settings.epoch_seconds,
                 controller_config={
@@ -765,6 +779,7 @@ def run_contender(
             topo.abort()
         if cluster is not None:
             cluster.stop()
+            settle_workdir(workdir, wanted)
         for backend in backends.values():
             release_and_remove(backend)
 
@@ -1311,7 +1326,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=1, help="trace and data seed")
     p.add_argument(
-        "--workdir", type=Path, help="controller and agent state and logs (default: a temp dir)"
+        "--workdir",
+        type=Path,
+        help="where the controller's and agents' state and logs are kept (default: a temp "
+        "dir, removed when the run ends)",
     )
 
 
@@ -1458,6 +1476,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     duration = len(scn.levels) * args.slot_seconds if args.trace is not None else args.duration
     timeout = PAPER_TIMEOUT_SECONDS * args.slot_seconds / PAPER_SLOT_SECONDS
+    # Without --workdir, state and logs live in a temp dir removed at the end.
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dsched-bench-live-"))
     interrupted = threading.Event()
     stop = signals.StopOnSignals(interrupted).install()
@@ -1515,6 +1534,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         reservation.leave()
         stop.restore()
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
     figures = {
         "scenario": scn.name,
         "slot_seconds": args.slot_seconds,

@@ -253,6 +253,35 @@ def test_smoke_few_slots_with_dsched_equal_and_uncapped(tmp_path, cgroup_v1_cpu)
     assert png.stat().st_size > 0 and png.with_name("live-allocation.png").stat().st_size > 0
     assert not list(CPU.glob("dsched-live-*/testbed/wordcount"))
     assert set(CONTENDERS) >= set(doc["contenders"])
+    # The controller's log and state are in the workdir asked for, sockets are not.
+    kept = tmp_path / "work" / "wordcount-regular-dsched"
+    assert (kept / "controller.log").stat().st_size > 0
+    assert (kept / "state" / "controller.sqlite").is_file()
+    assert not list(kept.rglob("*.sock"))
+
+
+def test_a_short_stand_in_workdir_hands_its_files_over_and_goes(tmp_path):
+    import socket
+
+    from bench.live import MAX_SOCKET_DIR, cluster_workdir, settle_workdir
+
+    wanted = tmp_path / ("w" * MAX_SOCKET_DIR) / "wordcount-random-dsched"
+    used = cluster_workdir(wanted)
+    assert used != wanted and len(str(used)) <= MAX_SOCKET_DIR
+    (used / "state").mkdir()
+    (used / "controller.log").write_text("epoch 1\n")
+    (used / "state" / "controller.sqlite").write_bytes(b"db")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(used / "admin.sock"))
+        settle_workdir(used, wanted)
+    assert (wanted / "controller.log").read_text() == "epoch 1\n"
+    assert (wanted / "state" / "controller.sqlite").read_bytes() == b"db"
+    assert not (wanted / "admin.sock").exists() and not used.exists()
+    # A workdir short enough is used as it is, and settling it changes nothing.
+    short = Path("/tmp/dsched-short")
+    assert cluster_workdir(short) == short
+    settle_workdir(wanted, wanted)
+    assert (wanted / "controller.log").is_file()
 
 
 def _reservation_has_tasks(top: Path) -> bool:

@@ -539,6 +539,11 @@ class ControllerConfig:
     phi: int = 5
     # Cap granularity in cores (theta of the hysteresis).
     theta_cores: float = 0.1
+    # Dead band around each cap, as a share of it: a raise must take the cap up
+    # by more than this share, a fall must have accumulated it (and theta/2).
+    # 0: the paper's rule (raise at once, lower after theta/2). Where epochs are
+    # short the demand of a steady load moves by more than theta every epoch.
+    hysteresis_band: float = 0.0
     # Per-node CPU kept free of caps (anti-saturation).
     headroom_cores: float = 0.1
     # No instance is capped below this, so a quiet instance can still wake up.
@@ -702,6 +707,13 @@ class ControllerConfig:
         require(self.slot_seconds > 0, "slot_seconds", "must be positive")
         require(self.phi >= 2, "phi", "must be at least 2 (a trend needs two points)")
         require(0 < self.theta_cores <= 1, "theta_cores", "must be in (0, 1]")
+        require(
+            not isinstance(self.hysteresis_band, bool)
+            and isinstance(self.hysteresis_band, int | float)
+            and 0 <= self.hysteresis_band < 1,
+            "hysteresis_band",
+            "must be a number in [0, 1)",
+        )
         require(self.headroom_cores >= 0, "headroom_cores", "must be >= 0")
         require(self.min_cap_cores > 0, "min_cap_cores", "must be positive")
         require(self.backlog_drain_slots > 0, "backlog_drain_slots", "must be positive")

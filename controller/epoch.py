@@ -287,7 +287,9 @@ def run_epoch(
     node_of = KeyedColumn(keys, nodes)
     max_cap = KeyedColumn(keys, list(map(capacity.get, nodes, repeat(math.inf))))
     # apply_hysteresis then fit_quantized_caps, on columns: the steps are built once.
-    cols = hysteresis_columns(alloc.cores, memory.hysteresis, cfg.theta_cores, max_cap)
+    cols = hysteresis_columns(
+        alloc.cores, memory.hysteresis, cfg.theta_cores, max_cap, cfg.hysteresis_band
+    )
     room = {n: max(0.0, c - cfg.headroom_cores) for n, c in capacity.items()}
     weight = {a: c.weight for a, c in classes.items()}
     fit_quantized_columns(

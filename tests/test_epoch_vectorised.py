@@ -394,10 +394,10 @@ def build_record_scalar(
     }
 
 
-def apply_hysteresis_scalar(allocated, memory, theta, max_cap):
+def apply_hysteresis_scalar(allocated, memory, theta, max_cap, band=0.0):
     steps = {}
     for k, cores in allocated.items():
-        s = step(memory.get(k, HysteresisState()), cores, theta)
+        s = step(memory.get(k, HysteresisState()), cores, theta, band)
         limit = max_cap.get(k, math.inf)
         if s.cap > limit:
             s = HysteresisStep(limit, s.changed, s.reason, s.state._replace(cap=limit))
@@ -542,8 +542,9 @@ def test_instance_demands_equal_the_estimators(cluster, data):
         max_size=60,
     ),
     st.sampled_from([0.05, 0.1, 0.2, 0.25]),
+    st.sampled_from([0.0, 0.1, 0.25]),
 )
-def test_apply_hysteresis_equals_step_per_instance(rows, theta):
+def test_apply_hysteresis_equals_step_per_instance(rows, theta, band):
     allocated, memory, max_cap = {}, {}, {}
     for i, (demand, kind, cap, prev, acc, limit) in enumerate(rows):
         k = InstanceKey("a", "op", i)
@@ -554,12 +555,12 @@ def test_apply_hysteresis_equals_step_per_instance(rows, theta):
             memory[k] = HysteresisState(cap, prev, acc)
         if limit is not None:
             max_cap[k] = limit
-    want = apply_hysteresis_scalar(allocated, memory, theta, max_cap)
-    assert apply_hysteresis(allocated, memory, theta, max_cap) == want
+    want = apply_hysteresis_scalar(allocated, memory, theta, max_cap, band)
+    assert apply_hysteresis(allocated, memory, theta, max_cap, band) == want
     # The epoch passes columns; the answer is the same.
     keys = list(allocated)
     column = KeyedColumn(keys, [max_cap.get(k, math.inf) for k in keys])
-    assert apply_hysteresis(allocated, memory, theta, column) == want
+    assert apply_hysteresis(allocated, memory, theta, column, band) == want
 
 
 @SETTINGS

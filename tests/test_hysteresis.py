@@ -88,3 +88,31 @@ def test_cap_never_below_quantized_current_demand(demands):
 def test_bad_demand_is_refused(bad):
     with pytest.raises(ValueError):
         quantize(bad, 0.1)
+
+
+def test_a_band_holds_the_cap_through_moves_smaller_than_its_share():
+    theta, band = 0.005, 0.1
+    first = step(HysteresisState(), 0.1, theta, band)
+    assert first.cap == pytest.approx(0.105)
+    # Up 5 % of the cap: the paper's rule raises, the band holds.
+    assert step(first.state, 0.105, theta).reason == "raise"
+    held = step(first.state, 0.105, theta, band)
+    assert (held.reason, held.cap) == ("hold", pytest.approx(0.105))
+    # Up more than 10 %: raised at once.
+    up = step(first.state, 0.12, theta, band)
+    assert up.reason == "raise" and up.cap == pytest.approx(0.125)
+    # Down 5 %: the paper's rule lowers (over theta/2), the band waits ...
+    assert step(first.state, 0.095, theta).reason == "lower"
+    down = step(first.state, 0.095, theta, band)
+    assert down.reason == "hold"
+    # ... until the falls add up to 10 % of the cap.
+    later = step(down.state, 0.089, theta, band)
+    assert later.reason == "lower" and later.cap == pytest.approx(0.095)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, True, "0.1"])
+def test_bad_hysteresis_band_is_refused(bad):
+    from controller.config import ConfigError, ControllerConfig
+
+    with pytest.raises(ConfigError, match="hysteresis_band"):
+        ControllerConfig(hysteresis_band=bad).validate()

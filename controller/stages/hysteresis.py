@@ -8,6 +8,12 @@ demand is merely noisy and churn cgroup writes. So a cap rises in the epoch its
 demand rises, but falls only once the decreases accumulated since the last
 change reach theta/2; and every cap is rounded up to a multiple of theta with a
 theta/2 margin:  cap = ceil((r + theta/2) / theta) * theta.
+
+Where decisions come often (every half second) the demand of a steady load
+moves by more than theta from one epoch to the next, and the cap would follow
+it. ``hysteresis_band`` widens the dead band by a share of the cap in force:
+a raise must exceed it, a fall must accumulate it. 0 (the default) is the
+paper's rule.
 """
 
 from __future__ import annotations
@@ -51,20 +57,26 @@ class HysteresisStep(NamedTuple):
     state: HysteresisState  # the instance's memory after this epoch
 
 
-def step(state: HysteresisState, demand_cores: float, theta: float) -> HysteresisStep:
-    """One epoch from ``state`` with this epoch's raw demand: the cap and the new state."""
+def step(
+    state: HysteresisState, demand_cores: float, theta: float, band: float = 0.0
+) -> HysteresisStep:
+    """One epoch from ``state`` with this epoch's raw demand: the cap and the new state.
+
+    ``band`` (a share of the cap in force, 0 by default: the paper's rule) widens
+    the dead band around the cap: a raise must take it up by more than that
+    share, a fall must have accumulated at least that share (and theta/2)."""
     target = quantize(demand_cores, theta)
     prev_demand = state.demand
     if state.cap is None:
         return HysteresisStep(target, True, "first", HysteresisState(target, demand_cores, 0.0))
-    if target > state.cap:
+    if target > state.cap + band * state.cap:
         return HysteresisStep(target, True, "raise", HysteresisState(target, demand_cores, 0.0))
     accumulated = state.accumulated_decrease
     if prev_demand is not None:
         # Net decrease since the last change: a rise that stays under the cap
         # cancels part of an earlier fall instead of being forgotten.
         accumulated = max(0.0, accumulated + prev_demand - demand_cores)
-    if target < state.cap and accumulated >= theta / 2 - 1e-12:
+    if target < state.cap and accumulated >= max(theta / 2, band * state.cap) - 1e-12:
         return HysteresisStep(target, True, "lower", HysteresisState(target, demand_cores, 0.0))
     return HysteresisStep(
         state.cap, False, "hold", HysteresisState(state.cap, demand_cores, accumulated)
@@ -165,11 +177,12 @@ def apply_hysteresis(
     memory: Mapping[InstanceKey, HysteresisState],
     theta: float,
     max_cap: Mapping[InstanceKey, float],
+    band: float = 0.0,
 ) -> dict[InstanceKey, HysteresisStep]:
     """Per instance: raise at once, lower after theta/2, quantize; never above the node.
 
     ``memory`` is read only; each step carries the instance's new state."""
-    return hysteresis_columns(allocated, memory, theta, max_cap).steps()
+    return hysteresis_columns(allocated, memory, theta, max_cap, band).steps()
 
 
 def hysteresis_columns(
@@ -177,6 +190,7 @@ def hysteresis_columns(
     memory: Mapping[InstanceKey, HysteresisState],
     theta: float,
     max_cap: Mapping[InstanceKey, float],
+    band: float = 0.0,
 ) -> StepColumns:
     """:func:`apply_hysteresis` as columns. This is :func:`step` for every
     instance at once: the same comparisons and arithmetic in the same order on
@@ -197,12 +211,13 @@ def hysteresis_columns(
     cap = np.array([0.0 if c is None else c for c in old_cap], dtype=float)
     prev = np.array([0.0 if p is None else p for p in old_demand], dtype=float)
     acc = np.fromiter(old_acc, float, n)
-    raise_ = ~fresh & (target > cap)
+    raise_ = ~fresh & (target > cap + band * cap)
     # Net decrease since the last change: a rise that stays under the cap
     # cancels part of an earlier fall instead of being forgotten.
     fell = acc + prev - demand
     accumulated = np.where(no_prev, acc, np.where(fell > 0.0, fell, 0.0))
-    lower = ~fresh & ~raise_ & (target < cap) & (accumulated >= theta / 2 - 1e-12)
+    needed = np.maximum(theta / 2, band * cap)
+    lower = ~fresh & ~raise_ & (target < cap) & (accumulated >= needed - 1e-12)
     hold = ~(fresh | raise_ | lower)
     reason = np.select([fresh, raise_, lower], [_FIRST, _RAISE, _LOWER], _HOLD)
     new_cap = np.where(hold, cap, target)

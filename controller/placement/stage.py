@@ -220,11 +220,13 @@ def plan_placement(
         strategy.observe(state, headroom_cores)
         return None
     plan = strategy.plan(state, headroom_cores=headroom_cores)
+    # Judged as the strategy planned it: moves of pinned instances relieve a node
+    # once their engine carries out the recommendation.
+    if plan.moves and overload_only and not relieves(state, plan, headroom_cores):
+        return None
     if pinned:
         plan = recommend_only(state, plan, pinned, headroom_cores)
     if not plan.moves and not plan.recommended:
-        return None
-    if overload_only and not relieves(state, plan, headroom_cores):
         return None
     return replace(plan, reasons=(*why, *plan.reasons))
 

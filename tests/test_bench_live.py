@@ -393,6 +393,21 @@ def test_http_monitor_counters_report_closed_windows_and_alarm_flags_bursts():
     assert alarm_state["reports"] == 11 and len(alarm_state["alarms"]) == 1
 
 
+def test_http_monitor_operators_pickle_for_worker_processes():
+    # A multi-node run pickles every operator into its worker processes.
+    import pickle
+
+    from testbed.live import http_monitor as hm
+    from testbed.live.engine import Tuple
+
+    spec = pickle.loads(pickle.dumps(hm.http_monitor()))
+    counter = {o.name: o for o in spec.operators}["isp"].fn
+    rec = hm.parse_line("10.1.2.3 DE as3320 GET / 200")
+    state: dict = {}
+    assert counter(Tuple(0, (), 0.0, "k", rec), state) == []
+    assert state["as3320"]["count"] == 1
+
+
 def test_http_monitor_refuses_bad_lines_and_unknown_costs():
     from testbed.live import http_monitor as hm
 

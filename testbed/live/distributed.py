@@ -359,6 +359,9 @@ class DistributedTopology(Topology):
             seed=self.seed,
             counters_seconds=self.counters_seconds,
         )
+        # Pickled first: an operator that does not pickle (a closure) fails here,
+        # before a worker process is started to wait for it.
+        payload = pickle.dumps(config)
         # A fresh interpreter (not fork, not multiprocessing's spawn) so that the
         # worker never re-imports the caller's main module and owns no copied locks.
         process = subprocess.Popen(
@@ -369,7 +372,7 @@ class DistributedTopology(Topology):
                 self.on_worker_start(node, process.pid)
             except OSError as exc:
                 log.warning("worker %s: start hook failed: %s", wid, exc)
-        process.stdin.write(pickle.dumps(config))
+        process.stdin.write(payload)
         process.stdin.close()
         handle = WorkerHandle(wid, node, stateful, process)
         deadline = time.monotonic() + self.reply_timeout

@@ -22,6 +22,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from testbed.live.topology import OperatorSpec, TopologySpec, Tuple
@@ -89,20 +90,24 @@ def _retrieve(t: Tuple, state: dict) -> list[tuple[str, Any]]:
     return [(t.key, parse_line(t.value))]
 
 
-def windowed_counter(
-    field: str, report_min_count: int = 0, clock: Callable[[], float] = time.monotonic
-):
+@dataclass(frozen=True)
+class WindowedCounter:
     """A stateful counter of ``field``: the current window's count per key and a
     normal value, the mean of the last :data:`NORMAL_WINDOWS` closed windows.
 
     When a key's window closes, its count and the normal value before it go to
     ``alarm`` if the count reached ``report_min_count`` (prefixes are many and
-    mostly rare, so only busy ones are reported).
+    mostly rare, so only busy ones are reported). A class, not a closure, so the
+    operator pickles into the worker processes of a multi-node run.
     """
 
-    def count(t: Tuple, state: dict) -> list[tuple[str, Any]]:
-        key = t.value[field]
-        window = int(clock() // WINDOW_SECONDS)
+    field: str
+    report_min_count: int = 0
+    clock: Callable[[], float] = time.monotonic
+
+    def __call__(self, t: Tuple, state: dict) -> list[tuple[str, Any]]:
+        key = t.value[self.field]
+        window = int(self.clock() // WINDOW_SECONDS)
         entry = state.get(key)
         if entry is None:
             entry = state[key] = {
@@ -114,8 +119,8 @@ def windowed_counter(
         if entry["window"] != window:
             history = entry["history"]
             normal = sum(history) / len(history) if history else None
-            if entry["count"] >= report_min_count:
-                out.append((key, (f"{field}:{key}", entry["window"], entry["count"], normal)))
+            if entry["count"] >= self.report_min_count:
+                out.append((key, (f"{self.field}:{key}", entry["window"], entry["count"], normal)))
             # Closed windows (including empty ones in between) feed the normal value.
             history.append(entry["count"])
             for _ in range(min(window - entry["window"] - 1, NORMAL_WINDOWS)):
@@ -124,7 +129,12 @@ def windowed_counter(
         entry["count"] += 1
         return out
 
-    return count
+
+def windowed_counter(
+    field: str, report_min_count: int = 0, clock: Callable[[], float] = time.monotonic
+) -> WindowedCounter:
+    """The counter operator of ``field`` (:class:`WindowedCounter`)."""
+    return WindowedCounter(field, report_min_count, clock)
 
 
 def is_anomaly(count: int, normal: float | None) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -282,6 +283,21 @@ def test_a_short_stand_in_workdir_hands_its_files_over_and_goes(tmp_path):
     assert cluster_workdir(short) == short
     settle_workdir(wanted, wanted)
     assert (wanted / "controller.log").is_file()
+
+
+def test_a_stand_in_that_cannot_hand_over_keeps_its_files_and_says_where(tmp_path, capsys):
+    from bench.live import MAX_SOCKET_DIR, cluster_workdir, settle_workdir
+
+    (tmp_path / "f").write_text("a file, not a directory")
+    wanted = tmp_path / "f" / ("w" * MAX_SOCKET_DIR)
+    used = cluster_workdir(wanted)
+    (used / "controller.log").write_text("epoch 1\n")
+    try:
+        settle_workdir(used, wanted)  # no exception: it runs in a finally
+        assert (used / "controller.log").is_file()
+        assert f"logs left in {used}" in capsys.readouterr().err
+    finally:
+        shutil.rmtree(used, ignore_errors=True)
 
 
 def _reservation_has_tasks(top: Path) -> bool:

@@ -532,6 +532,7 @@ def controller_config(
     theta = 0.1 core would round each cap up by more than its whole demand.
     With several nodes the testbed's capacity is split evenly between them and
     the ``liu`` placement moves instances off a node that overloads."""
+    trend_epochs = round(TREND_SECONDS / epoch_seconds)
     out = {
         "theta_cores": theta_cores,
         "min_cap_cores": 0.01,
@@ -539,11 +540,11 @@ def controller_config(
         # By default the trend looks back about one trace slot: long enough to see
         # a ramp, short enough to forget the level before the last change. ARIMA
         # needs a longer history than a benchmark run has.
-        "phi": phi if phi is not None else max(2, round(TREND_SECONDS / epoch_seconds)),
+        "phi": phi if phi is not None else max(2, trend_epochs),
         # A queue left by a burst (or by a move's pause) is drained over the same
         # span: within one 0.5-s epoch it would ask for several times the node, and
         # placement would move instances to find room that no node has.
-        "backlog_drain_slots": max(1, round(TREND_SECONDS / epoch_seconds)),
+        "backlog_drain_slots": max(1, trend_epochs),
         "predictors": ["linear_trend", "dag"],
         "node_capacity_cores": {n: scale.capacity_cores / nodes for n in node_names(nodes)},
     }

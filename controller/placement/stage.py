@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from controller.placement import get_strategy
-from controller.placement.common import PlacementStrategy, build_plan
+from controller.placement.common import PlacementStrategy, build_plan, node_loads
 from controller.placement.model import (
     EPSILON_CORES,
     Instance,
@@ -236,12 +236,8 @@ def overload_cores(
 ) -> float:
     """How far the nodes' demand exceeds their usable capacity, summed over the nodes,
     with the instances where ``assignment`` (id -> (worker, node)) puts them."""
-    load = dict.fromkeys(state.node_ids, 0.0)
-    for inst in state.instances:
-        where = assignment.get(inst.id)
-        if where is not None and where[1] in load:
-            load[where[1]] += inst.demand_cores
-    return sum(max(0.0, used - state.capacity(n, headroom_cores)) for n, used in load.items())
+    loads = node_loads(state, {i: node for i, (_worker, node) in assignment.items()})
+    return sum(max(0.0, used - state.capacity(n, headroom_cores)) for n, used in loads.items())
 
 
 def relieves(state: PlacementInput, plan: Plan, headroom_cores: float) -> bool:
@@ -251,12 +247,11 @@ def relieves(state: PlacementInput, plan: Plan, headroom_cores: float) -> bool:
     both over, or onto one it pushes over by as much as it relieves, pauses the
     instance and relieves nothing: the allocator cuts the caps to fit each node
     either way."""
-    nodes_before = {node for _worker, node in state.current_assignment().values()}
-    if plan.nodes_used < len(nodes_before):
+    current = state.current_assignment()
+    if plan.nodes_used < len({node for _worker, node in current.values()}):
         return True
-    before = overload_cores(state, state.current_assignment(), headroom_cores)
-    after = overload_cores(state, plan.assignment, headroom_cores)
-    return after < before - EPSILON_CORES
+    before = overload_cores(state, current, headroom_cores)
+    return overload_cores(state, plan.assignment, headroom_cores) < before - EPSILON_CORES
 
 
 def recommend_only(

@@ -541,9 +541,16 @@ class ControllerConfig:
     theta_cores: float = 0.1
     # Dead band around each cap, as a share of it: a raise must take the cap up
     # by more than this share, a fall must have accumulated it (and theta/2).
+    # On a node that stays full, the caps in force are kept while they fit and
+    # no cap fitted to the node moves further than the band from its own.
     # 0: the paper's rule (raise at once, lower after theta/2). Where epochs are
     # short the demand of a steady load moves by more than theta every epoch.
     hysteresis_band: float = 0.0
+    # A cap falls only once it has stood this many epochs (a raise never
+    # waits): scale-down stabilisation. 0 or 1: the paper's rule. Where a
+    # trace's level changes every few epochs, a cap that falls right after each
+    # rise is raised again at the next.
+    lower_after_epochs: int = 0
     # Per-node CPU kept free of caps (anti-saturation).
     headroom_cores: float = 0.1
     # No instance is capped below this, so a quiet instance can still wake up.
@@ -713,6 +720,11 @@ class ControllerConfig:
             and 0 <= self.hysteresis_band < 1,
             "hysteresis_band",
             "must be a number in [0, 1)",
+        )
+        require(
+            type(self.lower_after_epochs) is int and self.lower_after_epochs >= 0,
+            "lower_after_epochs",
+            "must be a whole number of epochs >= 0",
         )
         require(self.headroom_cores >= 0, "headroom_cores", "must be >= 0")
         require(self.min_cap_cores > 0, "min_cap_cores", "must be positive")

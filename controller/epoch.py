@@ -288,7 +288,12 @@ def run_epoch(
     max_cap = KeyedColumn(keys, list(map(capacity.get, nodes, repeat(math.inf))))
     # apply_hysteresis then fit_quantized_caps, on columns: the steps are built once.
     cols = hysteresis_columns(
-        alloc.cores, memory.hysteresis, cfg.theta_cores, max_cap, cfg.hysteresis_band
+        alloc.cores,
+        memory.hysteresis,
+        cfg.theta_cores,
+        max_cap,
+        cfg.hysteresis_band,
+        cfg.lower_after_epochs,
     )
     room = {n: max(0.0, c - cfg.headroom_cores) for n, c in capacity.items()}
     weight = {a: c.weight for a, c in classes.items()}
@@ -299,6 +304,7 @@ def run_epoch(
         KeyedColumn(cols.keys, list(map(weight.__getitem__, map(_app, cols.keys)))),
         {n: max(0.0, r - held_on.get(n, 0.0)) for n, r in room.items()},
         cfg.min_cap_cores,
+        cfg.hysteresis_band,
     )
     steps = cols.steps()
     step_caps = cols.cap.tolist()

@@ -394,10 +394,10 @@ def build_record_scalar(
     }
 
 
-def apply_hysteresis_scalar(allocated, memory, theta, max_cap, band=0.0):
+def apply_hysteresis_scalar(allocated, memory, theta, max_cap, band=0.0, lower_after=0):
     steps = {}
     for k, cores in allocated.items():
-        s = step(memory.get(k, HysteresisState()), cores, theta, band)
+        s = step(memory.get(k, HysteresisState()), cores, theta, band, lower_after)
         limit = max_cap.get(k, math.inf)
         if s.cap > limit:
             s = HysteresisStep(limit, s.changed, s.reason, s.state._replace(cap=limit))
@@ -537,30 +537,32 @@ def test_instance_demands_equal_the_estimators(cluster, data):
             st.floats(0, 8),
             st.floats(0, 0.3),
             st.none() | st.floats(0.1, 8),
+            st.integers(0, 5),
         ),
         min_size=1,
         max_size=60,
     ),
     st.sampled_from([0.05, 0.1, 0.2, 0.25]),
     st.sampled_from([0.0, 0.1, 0.25]),
+    st.sampled_from([0, 1, 4]),
 )
-def test_apply_hysteresis_equals_step_per_instance(rows, theta, band):
+def test_apply_hysteresis_equals_step_per_instance(rows, theta, band, lower_after):
     allocated, memory, max_cap = {}, {}, {}
-    for i, (demand, kind, cap, prev, acc, limit) in enumerate(rows):
+    for i, (demand, kind, cap, prev, acc, limit, stood) in enumerate(rows):
         k = InstanceKey("a", "op", i)
         allocated[k] = demand
         if kind == "resumed":
             memory[k] = HysteresisState(cap=cap)
         elif kind == "full":
-            memory[k] = HysteresisState(cap, prev, acc)
+            memory[k] = HysteresisState(cap, prev, acc, stood)
         if limit is not None:
             max_cap[k] = limit
-    want = apply_hysteresis_scalar(allocated, memory, theta, max_cap, band)
-    assert apply_hysteresis(allocated, memory, theta, max_cap, band) == want
+    want = apply_hysteresis_scalar(allocated, memory, theta, max_cap, band, lower_after)
+    assert apply_hysteresis(allocated, memory, theta, max_cap, band, lower_after) == want
     # The epoch passes columns; the answer is the same.
     keys = list(allocated)
     column = KeyedColumn(keys, [max_cap.get(k, math.inf) for k in keys])
-    assert apply_hysteresis(allocated, memory, theta, column, band) == want
+    assert apply_hysteresis(allocated, memory, theta, column, band, lower_after) == want
 
 
 @SETTINGS

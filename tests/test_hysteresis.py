@@ -116,3 +116,67 @@ def test_bad_hysteresis_band_is_refused(bad):
 
     with pytest.raises(ConfigError, match="hysteresis_band"):
         ControllerConfig(hysteresis_band=bad).validate()
+
+
+def _fit_one_node(memory_caps, allocated, room, band):
+    """Hysteresis then anti-saturation for instances on one node ``n``."""
+    from controller.stages.hysteresis import fit_quantized_columns, hysteresis_columns
+    from dsched.ids import InstanceKey
+
+    keys = [InstanceKey("app", "op", i) for i in range(len(allocated))]
+    memory = {k: HysteresisState(cap=c, demand=c) for k, c in zip(keys, memory_caps, strict=True)}
+    alloc = dict(zip(keys, allocated, strict=True))
+    cols = hysteresis_columns(alloc, memory, 0.005, {}, band)
+    fit_quantized_columns(
+        cols, alloc, {k: "n" for k in keys}, {k: 1.0 for k in keys}, {"n": room}, 0.05, band
+    )
+    return cols.steps().values()
+
+
+def test_a_band_keeps_the_caps_of_a_node_that_stays_full():
+    # Both demands rose together: the node is full again and its fitted
+    # share-out is within 20 % of the caps in force, which still fit.
+    steps = list(_fit_one_node([0.5, 0.45], [0.6, 0.55], 1.0, 0.2))
+    assert [(s.reason, s.changed) for s in steps] == [("hold", False)] * 2
+    assert [s.cap for s in steps] == [0.5, 0.45]
+    # Without the band, every cap on the node is rewritten.
+    plain = list(_fit_one_node([0.5, 0.45], [0.6, 0.55], 1.0, 0.0))
+    assert [s.reason for s in plain] == ["fit-node"] * 2
+    assert sum(s.cap for s in plain) == pytest.approx(1.0)
+    assert plain[0].cap != 0.5
+
+
+def test_a_band_refits_a_full_node_whose_share_out_moved_or_no_longer_fits():
+    # One demand tripled: its fitted cap is far beyond the band of its old one.
+    moved = list(_fit_one_node([0.5, 0.45], [1.5, 0.3], 1.0, 0.2))
+    assert {s.reason for s in moved} <= {"fit-node", "lower", "raise"}
+    assert moved[0].cap > 0.6
+    assert sum(s.cap for s in moved) <= 1.0 + 1e-9
+    # The node's room shrank below the caps in force: they cannot stay.
+    shrunk = list(_fit_one_node([0.5, 0.45], [0.6, 0.55], 0.9, 0.2))
+    assert all(s.reason == "fit-node" for s in shrunk)
+    assert sum(s.cap for s in shrunk) == pytest.approx(0.9)
+
+
+def test_a_fall_waits_until_the_cap_has_stood_lower_after_epochs():
+    theta = 0.005
+    up = step(HysteresisState(), 0.4, theta, lower_after_epochs=3)
+    # The paper's rule lowers in the next epoch; with 3 the cap stands 3 epochs.
+    assert step(up.state, 0.2, theta).reason == "lower"
+    one = step(up.state, 0.2, theta, lower_after_epochs=3)
+    two = step(one.state, 0.2, theta, lower_after_epochs=3)
+    assert [s.reason for s in (one, two)] == ["hold", "hold"] and two.cap == up.cap
+    three = step(two.state, 0.2, theta, lower_after_epochs=3)
+    assert three.reason == "lower" and three.cap == pytest.approx(0.205)
+    # A raise never waits, and starts the count again.
+    assert step(three.state, 0.5, theta, lower_after_epochs=3).reason == "raise"
+    again = step(three.state, 0.1, theta, lower_after_epochs=3)
+    assert again.reason == "hold" and again.state.stood == 1
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_bad_lower_after_epochs_is_refused(bad):
+    from controller.config import ConfigError, ControllerConfig
+
+    with pytest.raises(ConfigError, match="lower_after_epochs"):
+        ControllerConfig(lower_after_epochs=bad).validate()

@@ -12,8 +12,18 @@ theta/2 margin:  cap = ceil((r + theta/2) / theta) * theta.
 Where decisions come often (every half second) the demand of a steady load
 moves by more than theta from one epoch to the next, and the cap would follow
 it. ``hysteresis_band`` widens the dead band by a share of the cap in force:
-a raise must exceed it, a fall must accumulate it. 0 (the default) is the
-paper's rule.
+a raise must exceed it, a fall must accumulate it. On a node that stays full
+the band also holds the caps fitted to it: the node's share-out moves with
+every epoch's demands, so the caps in force stay while they still fit and
+none of the new ones is further from its old cap than the band
+(:func:`fit_quantized_columns`). 0 (the default) is the paper's rule.
+
+``lower_after_epochs`` holds a fall back until the cap has stood that many
+epochs (a raise is never held): the scale-down stabilisation of the Kubernetes
+autoscalers and the Flink autoscaler, in epochs. Where a trace's level changes
+every few epochs, a cap that falls in the epoch after each rise drains its
+queue and is raised again in the next; 0 or 1 (the default 0) is the paper's
+rule.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ class HysteresisState(NamedTuple):
     cap: float | None = None  # the last cap decided
     demand: float | None = None  # the demand seen in the last epoch
     accumulated_decrease: float = 0.0
+    stood: int = 0  # epochs the cap has been in force since it last changed
 
 
 class HysteresisStep(NamedTuple):
@@ -58,28 +69,39 @@ class HysteresisStep(NamedTuple):
 
 
 def step(
-    state: HysteresisState, demand_cores: float, theta: float, band: float = 0.0
+    state: HysteresisState,
+    demand_cores: float,
+    theta: float,
+    band: float = 0.0,
+    lower_after_epochs: int = 0,
 ) -> HysteresisStep:
     """One epoch from ``state`` with this epoch's raw demand: the cap and the new state.
 
     ``band`` (a share of the cap in force, 0 by default: the paper's rule) widens
     the dead band around the cap: a raise must take it up by more than that
-    share, a fall must have accumulated at least that share (and theta/2)."""
+    share, a fall must have accumulated at least that share (and theta/2).
+    ``lower_after_epochs`` lets a fall through only once the cap in force has
+    stood that many epochs, this one included."""
     target = quantize(demand_cores, theta)
     prev_demand = state.demand
     if state.cap is None:
-        return HysteresisStep(target, True, "first", HysteresisState(target, demand_cores, 0.0))
+        return HysteresisStep(target, True, "first", HysteresisState(target, demand_cores))
     if target > state.cap + band * state.cap:
-        return HysteresisStep(target, True, "raise", HysteresisState(target, demand_cores, 0.0))
+        return HysteresisStep(target, True, "raise", HysteresisState(target, demand_cores))
     accumulated = state.accumulated_decrease
     if prev_demand is not None:
         # Net decrease since the last change: a rise that stays under the cap
         # cancels part of an earlier fall instead of being forgotten.
         accumulated = max(0.0, accumulated + prev_demand - demand_cores)
-    if target < state.cap and accumulated >= max(theta / 2, band * state.cap) - 1e-12:
-        return HysteresisStep(target, True, "lower", HysteresisState(target, demand_cores, 0.0))
+    stood = state.stood + 1
+    if (
+        target < state.cap
+        and accumulated >= max(theta / 2, band * state.cap) - 1e-12
+        and stood >= lower_after_epochs
+    ):
+        return HysteresisStep(target, True, "lower", HysteresisState(target, demand_cores))
     return HysteresisStep(
-        state.cap, False, "hold", HysteresisState(state.cap, demand_cores, accumulated)
+        state.cap, False, "hold", HysteresisState(state.cap, demand_cores, accumulated, stood)
     )
 
 
@@ -150,10 +172,15 @@ class StepColumns:
     reason: list[str]
     demand: list  # the state's demand (the allocation this epoch), as given
     accumulated: np.ndarray
+    # Epochs the cap in force before this epoch will have stood if it is kept.
+    stood: np.ndarray
+    # The cap in force before this epoch (NaN: none); None where not known.
+    previous: np.ndarray | None = None
 
     def steps(self) -> dict[InstanceKey, HysteresisStep]:
         caps = self.cap.tolist()
-        states = tuples(HysteresisState, caps, self.demand, self.accumulated.tolist())
+        stood = np.where(self.changed, 0, self.stood).tolist()
+        states = tuples(HysteresisState, caps, self.demand, self.accumulated.tolist(), stood)
         steps = tuples(HysteresisStep, caps, self.changed.tolist(), self.reason, states)
         return dict(zip(self.keys, steps, strict=True))
 
@@ -161,7 +188,7 @@ class StepColumns:
     def of(cls, steps: Mapping[InstanceKey, HysteresisStep]) -> StepColumns:
         keys = list(steps)
         cap, changed, reason, states = zip(*steps.values(), strict=True) if keys else ((),) * 4
-        _, demand, accumulated = zip(*states, strict=True) if keys else ((),) * 3
+        _, demand, accumulated, stood = zip(*states, strict=True) if keys else ((),) * 4
         return cls(
             keys,
             np.array(cap, dtype=float),
@@ -169,6 +196,7 @@ class StepColumns:
             list(reason),
             list(demand),
             np.array(accumulated, dtype=float),
+            np.array(stood, dtype=int),
         )
 
 
@@ -178,11 +206,12 @@ def apply_hysteresis(
     theta: float,
     max_cap: Mapping[InstanceKey, float],
     band: float = 0.0,
+    lower_after_epochs: int = 0,
 ) -> dict[InstanceKey, HysteresisStep]:
     """Per instance: raise at once, lower after theta/2, quantize; never above the node.
 
     ``memory`` is read only; each step carries the instance's new state."""
-    return hysteresis_columns(allocated, memory, theta, max_cap, band).steps()
+    return hysteresis_columns(allocated, memory, theta, max_cap, band, lower_after_epochs).steps()
 
 
 def hysteresis_columns(
@@ -191,6 +220,7 @@ def hysteresis_columns(
     theta: float,
     max_cap: Mapping[InstanceKey, float],
     band: float = 0.0,
+    lower_after_epochs: int = 0,
 ) -> StepColumns:
     """:func:`apply_hysteresis` as columns. This is :func:`step` for every
     instance at once: the same comparisons and arithmetic in the same order on
@@ -202,22 +232,31 @@ def hysteresis_columns(
     demand_in = list(allocated.values())
     if not keys:
         empty = np.empty(0)
-        return StepColumns([], empty, empty.astype(bool), [], [], empty)
+        return StepColumns([], empty, empty.astype(bool), [], [], empty, empty.astype(int), empty)
     demand = np.fromiter(demand_in, float, n)
     target = quantize_many(demand, theta)
-    old_cap, old_demand, old_acc = zip(*values_in_order(memory, keys, _FRESH), strict=True)
+    old_cap, old_demand, old_acc, old_stood = zip(
+        *values_in_order(memory, keys, _FRESH), strict=True
+    )
     fresh = np.fromiter((c is None for c in old_cap), bool, n)
     no_prev = np.fromiter((p is None for p in old_demand), bool, n)
     cap = np.array([0.0 if c is None else c for c in old_cap], dtype=float)
     prev = np.array([0.0 if p is None else p for p in old_demand], dtype=float)
     acc = np.fromiter(old_acc, float, n)
+    stood = np.fromiter(old_stood, int, n) + 1
     raise_ = ~fresh & (target > cap + band * cap)
     # Net decrease since the last change: a rise that stays under the cap
     # cancels part of an earlier fall instead of being forgotten.
     fell = acc + prev - demand
     accumulated = np.where(no_prev, acc, np.where(fell > 0.0, fell, 0.0))
     needed = np.maximum(theta / 2, band * cap)
-    lower = ~fresh & ~raise_ & (target < cap) & (accumulated >= needed - 1e-12)
+    lower = (
+        ~fresh
+        & ~raise_
+        & (target < cap)
+        & (accumulated >= needed - 1e-12)
+        & (stood >= lower_after_epochs)
+    )
     hold = ~(fresh | raise_ | lower)
     reason = np.select([fresh, raise_, lower], [_FIRST, _RAISE, _LOWER], _HOLD)
     new_cap = np.where(hold, cap, target)
@@ -230,6 +269,8 @@ def hysteresis_columns(
         list(map(_REASONS.__getitem__, reason.tolist())),
         demand_in,
         np.where(hold, accumulated, 0.0),
+        stood,
+        np.where(fresh, np.nan, cap),
     )
 
 
@@ -267,7 +308,13 @@ def fit_quantized_caps(
     rows = fit_quantized_columns(cols, allocated, node_of, weight_of, room, min_cap).tolist()
     keys = [cols.keys[i] for i in rows]
     caps = cols.cap[rows].tolist()
-    states = tuples(HysteresisState, caps, [cols.demand[i] for i in rows], repeat(0.0, len(rows)))
+    states = tuples(
+        HysteresisState,
+        caps,
+        [cols.demand[i] for i in rows],
+        repeat(0.0, len(rows)),
+        repeat(0, len(rows)),
+    )
     n = len(rows)
     fitted = tuples(HysteresisStep, caps, repeat(True, n), repeat("fit-node", n), states)
     out.update(zip(keys, fitted, strict=True))
@@ -281,10 +328,17 @@ def fit_quantized_columns(
     weight_of: Mapping[InstanceKey, float],
     room: Mapping[str, float],
     min_cap: float,
+    band: float = 0.0,
 ) -> np.ndarray:
     """:func:`fit_quantized_caps` on columns, changed in place (caps lowered
     here get reason "fit-node" and a fresh accumulated decrease); the rows
-    it changed."""
+    it changed.
+
+    With ``band`` > 0 and the caps in force known (``cols.previous``), a node
+    that needed fitting keeps its caps in force (reason "hold") when they
+    still fit its room and no fitted cap is further from its cap in force
+    than ``band`` of it: a full node's share-out shifts a little with every
+    epoch's demands, and following it rewrites every cap on the node."""
     keys = cols.keys
     none = np.empty(0, dtype=int)
     if not keys:
@@ -334,4 +388,35 @@ def fit_quantized_columns(
     cols.accumulated[rows] = 0.0
     for i in rows.tolist():
         cols.reason[i] = "fit-node"
+    if band > 0 and cols.previous is not None:
+        kept = _hold_full_nodes(cols, node, over_node > 1e-9, limit, band)
+        rows = rows[~np.isin(rows, kept)]
+    return rows
+
+
+def _hold_full_nodes(
+    cols: StepColumns, node: np.ndarray, full: np.ndarray, limit: np.ndarray, band: float
+) -> np.ndarray:
+    """The rows of full nodes whose caps in force are kept (see
+    :func:`fit_quantized_columns`), set back to them in place."""
+    prev = cols.previous
+    assert prev is not None
+    n = len(full)
+    known = ~np.isnan(prev)
+    prev0 = np.where(known, prev, 0.0)
+    # An instance without a cap in force counts as far: its node is refitted.
+    far = ~known | (np.abs(cols.cap - prev0) > band * prev0 + 1e-12)
+    keep = (
+        full
+        & (np.bincount(node, weights=far, minlength=n) == 0)
+        & (np.bincount(node, weights=prev0, minlength=n) <= limit + 1e-9)
+    )
+    rows = np.flatnonzero(keep[node])
+    if not len(rows):
+        return rows
+    cols.cap[rows] = prev[rows]
+    cols.changed[rows] = False
+    cols.accumulated[rows] = 0.0
+    for i in rows.tolist():
+        cols.reason[i] = "hold"
     return rows

@@ -306,18 +306,10 @@ def fit_quantized_caps(
         return out
     cols = StepColumns.of(steps)
     rows = fit_quantized_columns(cols, allocated, node_of, weight_of, room, min_cap).tolist()
-    keys = [cols.keys[i] for i in rows]
-    caps = cols.cap[rows].tolist()
-    states = tuples(
-        HysteresisState,
-        caps,
-        [cols.demand[i] for i in rows],
-        repeat(0.0, len(rows)),
-        repeat(0, len(rows)),
-    )
-    n = len(rows)
-    fitted = tuples(HysteresisStep, caps, repeat(True, n), repeat("fit-node", n), states)
-    out.update(zip(keys, fitted, strict=True))
+    # The fitted rows' steps as the columns build them: reason "fit-node", a
+    # fresh accumulated decrease and count of epochs stood.
+    fitted = cols.steps()
+    out.update((cols.keys[i], fitted[cols.keys[i]]) for i in rows)
     return out
 
 

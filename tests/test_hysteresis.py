@@ -146,6 +146,16 @@ def test_a_band_keeps_the_caps_of_a_node_that_stays_full():
     assert plain[0].cap != 0.5
 
 
+def test_a_kept_cap_on_a_full_node_goes_on_accumulating_its_decrease():
+    # One demand rose, the other fell by 0.01: the node is full and keeps its
+    # caps in force; the one that fell keeps the decrease it accumulated, as a
+    # plain hold would, so a later fall lowers it no later than without the node.
+    rose, fell = _fit_one_node([0.5, 0.45], [0.62, 0.44], 1.0, 0.2)
+    assert [(s.reason, s.cap) for s in (rose, fell)] == [("hold", 0.5), ("hold", 0.45)]
+    assert fell.state.accumulated_decrease == pytest.approx(0.01)
+    assert rose.state.accumulated_decrease == 0.0
+
+
 def test_a_band_refits_a_full_node_whose_share_out_moved_or_no_longer_fits():
     # One demand tripled: its fitted cap is far beyond the band of its old one.
     moved = list(_fit_one_node([0.5, 0.45], [1.5, 0.3], 1.0, 0.2))

@@ -176,6 +176,8 @@ class StepColumns:
     stood: np.ndarray
     # The cap in force before this epoch (NaN: none); None where not known.
     previous: np.ndarray | None = None
+    # The decrease accumulated if the cap in force is kept; None where not known.
+    held_decrease: np.ndarray | None = None
 
     def steps(self) -> dict[InstanceKey, HysteresisStep]:
         caps = self.cap.tolist()
@@ -232,7 +234,9 @@ def hysteresis_columns(
     demand_in = list(allocated.values())
     if not keys:
         empty = np.empty(0)
-        return StepColumns([], empty, empty.astype(bool), [], [], empty, empty.astype(int), empty)
+        return StepColumns(
+            [], empty, empty.astype(bool), [], [], empty, empty.astype(int), empty, empty
+        )
     demand = np.fromiter(demand_in, float, n)
     target = quantize_many(demand, theta)
     old_cap, old_demand, old_acc, old_stood = zip(
@@ -271,6 +275,7 @@ def hysteresis_columns(
         np.where(hold, accumulated, 0.0),
         stood,
         np.where(fresh, np.nan, cap),
+        accumulated,
     )
 
 
@@ -408,7 +413,8 @@ def _hold_full_nodes(
         return rows
     cols.cap[rows] = prev[rows]
     cols.changed[rows] = False
-    cols.accumulated[rows] = 0.0
+    # A kept cap goes on accumulating its decrease, as a hold in step() does.
+    cols.accumulated[rows] = 0.0 if cols.held_decrease is None else cols.held_decrease[rows]
     for i in rows.tolist():
         cols.reason[i] = "hold"
     return rows

@@ -111,6 +111,7 @@ def build_record(
     in_force = _per_view(ops, "cap_by_instance", None)
     throttled = _per_view(ops, "throttled_by_instance", None)
     queue = _per_view(ops, "queue_by_instance", 0.0)
+    share = _per_view(ops, "share_by_instance", None)
     instances = [
         {
             "app": a,
@@ -127,8 +128,9 @@ def build_record(
             "cap_in_force": cf,
             "throttled_seconds": th,
             "queue": q,
+            "arrival_share": sh,
         }
-        for a, o, i, nd, dc, dr, al, cu, cp, hy, us, cf, th, q in zip(
+        for a, o, i, nd, dc, dr, al, cu, cp, hy, us, cf, th, q, sh in zip(
             apps,
             names,
             indices,
@@ -143,6 +145,7 @@ def build_record(
             in_force,
             throttled,
             queue,
+            share,
             strict=True,
         )
     ]

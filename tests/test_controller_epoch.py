@@ -165,6 +165,7 @@ def test_gold_keeps_its_demand_and_bronze_absorbs_the_shortfall(tmp_path, clock)
         "cap_in_force",
         "throttled_seconds",
         "queue",
+        "arrival_share",
     ):
         assert key in rec["instances"][0]
     c.stop()

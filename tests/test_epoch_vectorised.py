@@ -127,6 +127,7 @@ def assert_views_equal(got: dict, want: dict) -> None:
             "latency_ms",
             "service_ms",
             "last_timestamp",
+            "share_by_instance",
         ):
             assert getattr(g, f) == getattr(w, f), (k, f)
 
@@ -165,6 +166,8 @@ def evaluate_scalar(
 
         last = [r[-1] for r in rows]
         lat_count = sum(s.latency_count for s in last)
+        arrived = [sum(s.arrivals for s in r) for r in rows]
+        total = sum(arrived)
         svc_count = sum(s.executed for r in rows for s in r)
         views[op] = OperatorView(
             key=op,
@@ -191,6 +194,9 @@ def evaluate_scalar(
             if svc_count
             else None,
             last_timestamp=max(s.timestamp for s in last),
+            share_by_instance={h.key: a / total for h, a in zip(hists, arrived, strict=True)}
+            if total > 0
+            else {},
         )
     return views
 
@@ -292,6 +298,7 @@ def build_record_scalar(
                     "cap_in_force": view.cap_by_instance.get(k),
                     "throttled_seconds": view.throttled_by_instance.get(k),
                     "queue": view.queue_by_instance.get(k, 0.0),
+                    "arrival_share": view.share_by_instance.get(k),
                 }
             )
             if k in peaks:

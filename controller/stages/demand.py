@@ -67,13 +67,18 @@ class DemandEstimator(Protocol):
 
 @dataclass
 class RateDemand:
-    """r_j = psi_j * kappa_j / T_j: the CPU to process the predicted arrivals."""
+    """r_j = psi_j * kappa_j / T_j: the CPU to process the predicted arrivals,
+    spread over the instances by their share of the operator's arrivals
+    (:meth:`OperatorView.load_weight`; evenly when nothing arrived)."""
 
     def estimate(
         self, view: OperatorView, fc: OperatorForecast
     ) -> dict[InstanceKey, InstanceDemand]:
         per = fc.demand_rate * fc.kappa / max(1, len(view.instances))
-        return {k: InstanceDemand(k, view.nodes[k], per, "rate") for k in view.instances}
+        return {
+            k: InstanceDemand(k, view.nodes[k], per * view.load_weight(k), "rate")
+            for k in view.instances
+        }
 
 
 @dataclass
@@ -155,8 +160,11 @@ def instance_demands(
         float,
         len(keys),
     )
-    # RateDemand: psi * kappa / T, the same for every instance of an operator.
-    cores = np.repeat(rate * kappa / np.maximum(1, counts), counts)
+    # RateDemand: psi * kappa / T, spread by each instance's share of the arrivals.
+    load = np.fromiter(
+        chain.from_iterable(map(v.load_weight, v.instances) for v in ops), float, len(keys)
+    )
+    cores = np.repeat(rate * kappa / np.maximum(1, counts), counts) * load
     factor = (
         np.fromiter(map(kappa_factor.get, keys, repeat(1.0)), float, len(keys))
         if kappa_factor
@@ -166,18 +174,14 @@ def instance_demands(
         cores = cores * factor
     reason = np.full(len(keys), _RATE)
     if needs is not None:
-        has = np.fromiter((v.key in needs for v in ops), bool, len(ops))
-        need = np.fromiter((needs.get(v.key, 0.0) for v in ops), float, len(ops))
+        has = np.repeat(np.fromiter((v.key in needs for v in ops), bool, len(ops)), counts)
+        need = np.repeat(np.fromiter((needs.get(v.key, 0.0) for v in ops), float, len(ops)), counts)
+        need = need * load
         if factor is not None:
             # The need is a service rate times kappa: each instance's own kappa.
-            need, has = np.repeat(need, counts) * factor, np.repeat(has, counts)
-            why = np.where(need > max_instance_cores, _UNREACHABLE, _LATENCY)
-            need = np.where(need > max_instance_cores, max_instance_cores, need)
-        else:
-            why = np.where(need > max_instance_cores, _UNREACHABLE, _LATENCY)
-            need = np.where(need > max_instance_cores, max_instance_cores, need)
-            need, why = np.repeat(need, counts), np.repeat(why, counts)
-            has = np.repeat(has, counts)
+            need = need * factor
+        why = np.where(need > max_instance_cores, _UNREACHABLE, _LATENCY)
+        need = np.where(need > max_instance_cores, max_instance_cores, need)
         raise_ = has & ~(cores >= need)
         cores = np.where(raise_, need, cores)
         reason = np.where(raise_, why, reason)
@@ -357,13 +361,15 @@ class WithLatencyTarget:
         need = self.needs.get(view.key)
         if need is None:
             return base
-        reason = "latency"
-        if need > self.max_instance_cores:
-            need, reason = self.max_instance_cores, "latency-unreachable"
-        return {
-            k: d if d.cores >= need else InstanceDemand(k, d.node, need, reason)
-            for k, d in base.items()
-        }
+        out = {}
+        for k, d in base.items():
+            # An instance with more than an even share of the arrivals needs
+            # that much more, at the same utilisation as the even split.
+            mine, reason = need * view.load_weight(k), "latency"
+            if mine > self.max_instance_cores:
+                mine, reason = self.max_instance_cores, "latency-unreachable"
+            out[k] = d if d.cores >= mine else InstanceDemand(k, d.node, mine, reason)
+        return out
 
 
 def _keys_by_app(views: Mapping[OperatorKey, OperatorView]) -> dict[str, list[OperatorKey]]:

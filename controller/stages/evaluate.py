@@ -44,6 +44,16 @@ class OperatorView:
     # Instance-reported service seconds per slot (summed over instances): the
     # variability stage needs each slot's mean service time, not just the window's.
     service_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # Each instance's share of the operator's arrivals over the window (empty:
+    # none arrived). Fields grouping sends all of a key's tuples to one
+    # instance, so a few keys spread over a few instances are far from even.
+    share_by_instance: dict[InstanceKey, float] = field(default_factory=dict)
+
+    def load_weight(self, key: InstanceKey) -> float:
+        """The instance's arrivals over an even share's: 1.0 for an even split
+        or when nothing arrived, 0 for an instance no key maps to."""
+        share = self.share_by_instance.get(key)
+        return 1.0 if share is None else len(self.instances) * share
 
     @property
     def usage_cores(self) -> float:
@@ -331,6 +341,11 @@ def evaluate(
     executed = sums[_EXECUTED] / secs
     emitted = sums[_EMITTED] / secs
     flat_op = np.repeat(op_of, take)
+    inst_arrivals = np.bincount(inst, weights=values[:, _ARRIVALS], minlength=n_inst)
+    op_arrivals = np.bincount(op_of, weights=inst_arrivals, minlength=n_ops)
+    arrived = (op_arrivals > 0).tolist()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shares = (inst_arrivals / op_arrivals[op_of]).tolist()
     service = np.bincount(flat_op, weights=values[:, _SERVICE], minlength=n_ops).tolist()
     service_count = np.bincount(flat_op, weights=values[:, _EXECUTED], minlength=n_ops).tolist()
     # The newest slot of each instance.
@@ -382,5 +397,6 @@ def evaluate(
             service_ms=(1000 * service[o] / service_count[o]) if service_count[o] else None,
             last_timestamp=newest[o],
             service_seconds=service_sums[a:b],
+            share_by_instance=dict(zip(ks, shares[s:e], strict=True)) if arrived[o] else {},
         )
     return views

@@ -218,7 +218,11 @@ class WorkerInstance:
             w.out.put(("done", self.op, self.index, t.root, t.tid, sent, time.time(), out))
             c = self.counters
             c.executed += 1
-            c.emitted += sent
+            # Storm's "emitted" (tuples per output stream), not "transferred"
+            # (``sent``, times the number of subscribers), as the in-process
+            # engine counts it: the controller multiplies it by the parent's
+            # rate for each child.
+            c.emitted += len(out)
             c.service_seconds += time.perf_counter() - start
 
 

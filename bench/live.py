@@ -109,6 +109,11 @@ PEAK_SHARE = 0.85
 MAX_TRACE_LEVEL = 1.5
 # How far back dsched's linear trend looks (phi x epoch).
 TREND_SECONDS = 2.0
+# How long a node holding only stateless workers must have been emptiable before
+# placement empties it: five of the default profile's 2-s load levels, so a lull
+# of one level does not empty a node the next level refills. At the seed001
+# profile's 10-s decisions it is one plan: the paper's rule.
+STATELESS_SCALE_IN_WAIT_SECONDS = 10.0
 MAX_NODES = 8
 
 
@@ -550,6 +555,7 @@ def controller_config(
     }
     if nodes > 1:
         out["placement"] = "liu"
+        out["scale_in_wait_stateless_seconds"] = STATELESS_SCALE_IN_WAIT_SECONDS
     return out
 
 

@@ -590,6 +590,11 @@ class ControllerConfig:
     # controller turns it into consecutive plans of its slot for strategies that
     # wait (``liu``'s scale_in_patience).
     scale_in_wait_seconds: float = 300.0
+    # The same for a node holding only stateless workers. 0: emptied in the first
+    # plan that can (the paper's rule, which checks once a 10-s period). Where
+    # epochs are short, a lull of a few seconds would empty a node that the next
+    # rise refills, each moved worker pausing twice.
+    scale_in_wait_stateless_seconds: float = 0.0
     # Stateful instances are placed where their workers keep room for the most
     # they needed over this window (moving one later costs a state migration);
     # stateless ones only by their demand now. 0: by their demand now too.
@@ -756,11 +761,16 @@ class ControllerConfig:
             "move_url",
             "the testbed move actuator needs an http(s):// URL",
         )
-        require(
-            math.isfinite(self.scale_in_wait_seconds) and self.scale_in_wait_seconds >= 0,
-            "scale_in_wait_seconds",
-            "must be a number >= 0",
-        )
+        for key in ("scale_in_wait_seconds", "scale_in_wait_stateless_seconds"):
+            value = getattr(self, key)
+            require(
+                not isinstance(value, bool)
+                and isinstance(value, int | float)
+                and math.isfinite(value)
+                and value >= 0,
+                key,
+                "must be a number >= 0",
+            )
         require(
             math.isfinite(self.stateful_peak_seconds) and self.stateful_peak_seconds >= 0,
             "stateful_peak_seconds",

@@ -222,6 +222,7 @@ def build_placement(config: ControllerConfig) -> PlacementLoop | None:
         config.placement,
         config.slot_seconds,
         config.scale_in_wait_seconds,
+        config.scale_in_wait_stateless_seconds,
         **config.placement_options.for_strategy(config.placement),
     )
     options = {}
@@ -627,7 +628,7 @@ class Controller:
         def snapshot() -> PlacementOffer:
             current = current_from_histories(self.cluster.histories)
             demands = {
-                k: PlacementDemand(d.node, d.cores, result.peaks.get(k))
+                k: PlacementDemand(d.node, d.cores - d.backlog_cores, result.peaks.get(k))
                 for k, d in result.demands.items()
             }
             # A held instance still occupies its node: its held cap stands for its demand.

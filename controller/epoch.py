@@ -349,7 +349,7 @@ def run_epoch(
                 for a in sorted({k.app for k in views})
             }
         peaks = (
-            memory.peaks.peaks_with({k: d.cores for k, d in demands.items()})
+            memory.peaks.peaks_with({k: d.cores - d.backlog_cores for k, d in demands.items()})
             if memory.peaks is not None
             else {}
         )

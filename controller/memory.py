@@ -247,7 +247,9 @@ class ControllerMemory:
             # its counters return.
             self.sources.forget_except(set(result.views) | {k.operator_key for k in result.held})
         if self.peaks is not None:
-            self.peaks.advance({k: d.cores for k, d in result.demands.items()}, keep=result.held)
+            self.peaks.advance(
+                {k: d.cores - d.backlog_cores for k, d in result.demands.items()}, keep=result.held
+            )
         self._score_forecasts(result)
         if result.variability_slots:
             self.variability.observe(result.views, result.variability_slots)

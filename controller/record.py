@@ -101,10 +101,10 @@ def build_record(
     n = len(keys)
     if n:
         apps, names, indices = zip(*keys, strict=True)
-        _, nodes, demand, reason = zip(*values_in_order(demands, keys), strict=True)
+        _, nodes, demand, reason, backlog = zip(*values_in_order(demands, keys), strict=True)
         cap, _, hysteresis, _ = zip(*values_in_order(steps, keys), strict=True)
     else:
-        apps = names = indices = nodes = demand = reason = cap = hysteresis = ()
+        apps = names = indices = nodes = demand = reason = backlog = cap = hysteresis = ()
     allocated = values_in_order(alloc.cores, keys)
     cut = list(map(alloc.cut.get, keys, repeat(0.0)))
     usage = _per_view(ops, "usage_by_instance", 0.0)
@@ -120,6 +120,7 @@ def build_record(
             "node": nd,
             "demand_cores": dc,
             "demand_reason": dr,
+            "backlog_cores": bl,
             "allocated_cores": al,
             "cut_cores": cu,
             "cap_cores": cp,
@@ -130,13 +131,14 @@ def build_record(
             "queue": q,
             "arrival_share": sh,
         }
-        for a, o, i, nd, dc, dr, al, cu, cp, hy, us, cf, th, q, sh in zip(
+        for a, o, i, nd, dc, dr, bl, al, cu, cp, hy, us, cf, th, q, sh in zip(
             apps,
             names,
             indices,
             nodes,
             demand,
             reason,
+            backlog,
             allocated,
             cut,
             cap,

@@ -491,9 +491,12 @@ def propagate(
     ``dag`` maps each operator to its children. ``selectivity`` maps an operator (its
     emitted/executed ratio) or a ``(parent, child)`` edge to tuples sent per tuple
     processed; missing entries use ``default_selectivity``. ``queue_change`` is the
-    mean change of each operator's pending queue per slot (missing: 0). A non-source
-    operator receives ``sum_p max(0, L_p + delta_p) * rho_pj`` -- a parent cannot
-    process a negative number of tuples. With ``combine_with``, an operator's arrivals
+    mean growth of each operator's pending queue per second (missing: 0). A parent
+    processes its arrivals less that growth: the paper's ``delta_p = executed -
+    arrivals`` is the growth with its sign turned, so a parent falling behind sends
+    its children less than it receives and one working off its queue sends them
+    more. A non-source operator receives ``sum_p max(0, L_p + delta_p) * rho_pj`` --
+    a parent cannot process a negative number of tuples. With ``combine_with``, an operator's arrivals
     become the max of the propagated value and its own forecast before its children
     are computed (the max rule applied along the DAG).
     """
@@ -513,8 +516,8 @@ def propagate(
             continue
         total = 0.0
         for parent in parents[node]:
-            delta = v.finite(queue_change.get(parent, 0.0), f"queue_change[{parent!r}]")
-            processed = max(0.0, rates[parent] + delta)
+            growth = v.finite(queue_change.get(parent, 0.0), f"queue_change[{parent!r}]")
+            processed = max(0.0, rates[parent] - growth)
             total += processed * _selectivity(selectivity, parent, node, default_selectivity)
         if node in combine_with:
             total = max(total, v.non_negative(combine_with[node], f"combine_with[{node!r}]"))

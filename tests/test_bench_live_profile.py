@@ -65,6 +65,24 @@ def test_seed001_profile_sets_the_papers_settings():
     # A backlog drains within one 10-s slot, as the paper's.
     assert c["backlog_drain_slots"] == 1
     assert c["placement"] == "liu" and c["node_capacity_cores"] == {"n1": 0.8, "n2": 0.8}
+    # A stateless-only node empties in the first 10-s plan that can, as the paper's.
+    assert c["scale_in_wait_stateless_seconds"] == 10.0
+
+
+def test_two_nodes_at_the_default_profile_wait_five_levels_before_a_stateless_scale_in():
+    from controller.config import ControllerConfig
+    from controller.core import build_placement
+
+    _, r = _resolved("--nodes", "2")
+    c = r["controller"]
+    assert c["placement"] == "liu" and c["scale_in_wait_stateless_seconds"] == 10.0
+    cfg = ControllerConfig(
+        slot_seconds=0.5,
+        placement="liu",
+        scale_in_wait_stateless_seconds=c["scale_in_wait_stateless_seconds"],
+    )
+    # 10 s of 0.5-s epochs: twenty consecutive plans.
+    assert build_placement(cfg).strategy.stateless_scale_in_patience == 20
 
 
 def test_default_profile_is_todays_behaviour():

@@ -159,6 +159,7 @@ def test_gold_keeps_its_demand_and_bronze_absorbs_the_shortfall(tmp_path, clock)
         "node",
         "demand_cores",
         "demand_reason",
+        "backlog_cores",
         "allocated_cores",
         "cap_cores",
         "usage_cores",

@@ -58,6 +58,21 @@ def test_liu_waits_the_configured_seconds_in_plans_of_the_slot(
     c.stop()
 
 
+@pytest.mark.parametrize(
+    ("slot_seconds", "wait_seconds", "plans"),
+    [(10.0, 0.0, 1), (0.5, 10.0, 20), (3.0, 10.0, 4)],
+)
+def test_liu_waits_the_configured_stateless_seconds_in_plans_of_the_slot(
+    tmp_path, clock, slot_seconds, wait_seconds, plans
+):
+    c = Controller(
+        config(tmp_path, slot_seconds=slot_seconds, scale_in_wait_stateless_seconds=wait_seconds),
+        clock=lambda: clock[0],
+    )
+    assert c.placement.strategy.stateless_scale_in_patience == plans
+    c.stop()
+
+
 def test_strategies_that_do_not_wait_are_built_without_a_wait(tmp_path, clock):
     c = Controller(config(tmp_path, placement="rstorm"), clock=lambda: clock[0])
     assert c.placement.strategy.name == "rstorm"

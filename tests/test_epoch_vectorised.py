@@ -290,6 +290,7 @@ def build_record_scalar(
                     "node": d.node,
                     "demand_cores": d.cores,
                     "demand_reason": d.reason,
+                    "backlog_cores": d.backlog_cores,
                     "allocated_cores": alloc.cores[k],
                     "cut_cores": cut,
                     "cap_cores": s.cap,

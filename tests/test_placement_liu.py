@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -530,3 +531,49 @@ def test_liu_scale_in_keeps_stateful_workers_apart_when_their_peaks_do_not_fit_t
     # Peaks that fit together: the node empties.
     low = tuple(replace(i, peak_demand_cores=0.9) for i in insts)
     assert get_strategy("liu", scale_in_patience=1).plan(_cluster(nodes, low)).nodes_used == 1
+
+
+def _stateless_only_on_n1() -> PlacementInput:
+    """n0 busy with a stateful worker; n1 holds only a small stateless worker that
+    fits beside n0's."""
+    nodes = (Node("n0", 2.0), Node("n1", 2.0))
+    insts = (
+        Instance("a", "src", 0, 0.8, False, "a@n0:sl", "n0"),
+        Instance("a", "agg", 0, 0.6, True, "a@n0:sf", "n0"),
+        Instance("a", "src", 1, 0.2, False, "a@n1:sl", "n1"),
+    )
+    return _cluster(nodes, insts, {"a": (("src", "agg"),)})
+
+
+def test_liu_empties_a_stateless_node_only_after_its_own_patience():
+    state = _stateless_only_on_n1()
+    # The default: at once, as the paper's Alg. 3.
+    assert get_strategy("liu").plan(state).nodes_used == 1
+    liu = get_strategy("liu", stateless_scale_in_patience=3)
+    for waited in (1, 2):
+        plan = liu.plan(state)
+        assert plan.moves == (), plan.reasons
+        assert any(f"n1 (stateless; emptiable {waited} of 3 plans)" in r for r in plan.reasons)
+    plan = liu.plan(state)
+    assert [(m.instance, m.from_node, m.to_node) for m in plan.moves] == [("a/src/1", "n1", "n0")]
+    assert plan.nodes_used == 1
+
+
+def test_liu_stateless_patience_counts_consecutive_plans_only():
+    low = _stateless_only_on_n1()
+    busy = _cluster(
+        low.nodes,
+        tuple(replace(i, demand_cores=1.5) if i.node == "n1" else i for i in low.instances),
+        low.dags,
+    )
+    liu = get_strategy("liu", stateless_scale_in_patience=2)
+    assert liu.plan(low).moves == ()
+    liu.observe(busy)  # not emptiable in this epoch: the count starts again
+    assert liu.plan(low).moves == ()
+    assert liu.plan(low).nodes_used == 1
+
+
+def test_liu_refuses_a_bad_stateless_patience():
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="stateless_scale_in_patience"):
+            get_strategy("liu", stateless_scale_in_patience=bad)

@@ -214,12 +214,22 @@ def test_propagate_diamond():
         selectivity={"src": 1.0, "a": 0.5, ("b", "sink"): 2.0},
         queue_change={"src": 10.0, "b": -5.0},
     )
-    # a, b: (100 + 10) * 1; sink: (110 + 0) * 0.5 + (110 - 5) * 2.
-    assert rates == {"src": 100.0, "a": 110.0, "b": 110.0, "sink": pytest.approx(55.0 + 210.0)}
+    # A parent processes its arrivals less its queue's growth (the paper's
+    # delta = executed - arrivals): src's queue grows by 10/s, so a and b get
+    # (100 - 10) * 1; b's shrinks by 5/s, so it sends (90 + 5) * 2 to sink.
+    assert rates == {"src": 100.0, "a": 90.0, "b": 90.0, "sink": pytest.approx(45.0 + 190.0)}
+
+
+def test_propagate_a_parent_falling_behind_sends_less_and_one_draining_sends_more():
+    # The sign matters: a parent whose queue grows cannot be sending its children
+    # more than it receives, and one working off its queue sends them more.
+    behind = propagate({"s": ["x"], "x": []}, {"s": 100.0}, queue_change={"s": 30.0})
+    draining = propagate({"s": ["x"], "x": []}, {"s": 100.0}, queue_change={"s": -30.0})
+    assert behind["x"] == 70.0 and draining["x"] == 130.0
 
 
 def test_propagate_clamps_negative_processing_and_combines_along_the_dag():
-    rates = propagate({"s": ["x"], "x": ["y"]}, {"s": 10.0}, queue_change={"s": -50.0})
+    rates = propagate({"s": ["x"], "x": ["y"]}, {"s": 10.0}, queue_change={"s": 50.0})
     assert rates["x"] == 0.0 and rates["y"] == 0.0
     rates = propagate({"s": ["x"], "x": ["y"]}, {"s": 10.0}, combine_with={"x": 40.0})
     assert rates["x"] == 40.0 and rates["y"] == 40.0

@@ -34,7 +34,11 @@ moving stateless instances never restarts stateful ones. Per epoch:
    scale in is careful where Alg. 3 is not:
 
    - nodes holding only stateless workers are emptied first (least loaded
-     first); they disrupt no stateful worker;
+     first); they disrupt no stateful worker. One is emptied once it has been
+     emptiable for ``stateless_scale_in_patience`` consecutive plans (default
+     1: at once, as Alg. 3 checks once a period): where decisions come every
+     half second, a lull of one trace slot would empty a node that the next
+     slot's rise refills, and every worker moved pauses;
    - a node holding a stateful worker is emptied only once it has been
      emptiable for ``scale_in_patience`` consecutive plans (least loaded
      first; default 30, five minutes at the default 10 s slot, as the
@@ -231,19 +235,23 @@ class LiuStrategy(PlacementStrategy):
         scale_in: bool = True,
         scale_in_patience: int = DEFAULT_SCALE_IN_PATIENCE,
         stateful_growth: float = DEFAULT_STATEFUL_GROWTH,
+        stateless_scale_in_patience: int = 1,
     ) -> None:
         if not isinstance(scale_in, bool):
             raise ValueError(f"scale_in must be a bool, got {scale_in!r}")
-        if (
-            isinstance(scale_in_patience, bool)
-            or not isinstance(scale_in_patience, int)
-            or scale_in_patience < 1
+        for name, value, holds in (
+            ("scale_in_patience", scale_in_patience, "holding a stateful worker"),
+            (
+                "stateless_scale_in_patience",
+                stateless_scale_in_patience,
+                "holding only stateless workers",
+            ),
         ):
-            raise ValueError(
-                "scale_in_patience (consecutive plans a node holding a stateful worker "
-                f"must stay emptiable before it is emptied) must be an int >= 1, "
-                f"got {scale_in_patience!r}"
-            )
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"{name} (consecutive plans a node {holds} must stay emptiable "
+                    f"before it is emptied) must be an int >= 1, got {value!r}"
+                )
         if (
             isinstance(stateful_growth, bool)
             or not isinstance(stateful_growth, int | float)
@@ -257,6 +265,7 @@ class LiuStrategy(PlacementStrategy):
             )
         self.scale_in = scale_in
         self.scale_in_patience = scale_in_patience
+        self.stateless_scale_in_patience = stateless_scale_in_patience
         self.stateful_growth = float(stateful_growth)
         # Node -> consecutive plans in which it could have been emptied.
         self._low_streak: dict[str, int] = {}
@@ -575,6 +584,12 @@ class LiuStrategy(PlacementStrategy):
             peak_room[target] -= peak
         return targets
 
+    def _patience(self, layout: _Layout, node: str) -> int:
+        """Consecutive emptiable plans ``node`` must have had before it is emptied."""
+        if self._holds_stateful(layout, node):
+            return self.scale_in_patience
+        return self.stateless_scale_in_patience
+
     def _stateful_room(self, layout: _Layout, node: str) -> bool:
         """Whether the stateful workers of ``node`` could grow by ``stateful_growth`` and fit."""
         return fits(
@@ -597,17 +612,13 @@ class LiuStrategy(PlacementStrategy):
         index = layout.state.node_index
         instances = layout.state.instance_map()
         low = self._count_low(layout)
-        waiting = {
-            n
-            for n in low
-            if self._holds_stateful(layout, n) and self._low_streak[n] < self.scale_in_patience
-        }
+        waiting = {n for n in low if self._low_streak[n] < self._patience(layout, n)}
         if waiting:
             reasons.append(
                 "scale in: waiting before emptying "
                 + ", ".join(
-                    f"{n} (stateful; emptiable {self._low_streak[n]} of "
-                    f"{self.scale_in_patience} plans)"
+                    f"{n} ({'stateful' if self._holds_stateful(layout, n) else 'stateless'}; "
+                    f"emptiable {self._low_streak[n]} of {self._patience(layout, n)} plans)"
                     for n in sorted(waiting, key=index.__getitem__)
                 )
             )
@@ -616,11 +627,9 @@ class LiuStrategy(PlacementStrategy):
             if len(used) <= 1:
                 return
             by_load = sorted(used, key=lambda n: (layout.load(n), index[n]))
-            candidates = [n for n in by_load if not self._holds_stateful(layout, n)] + [
-                n
-                for n in by_load
-                if self._holds_stateful(layout, n)
-                and self._low_streak.get(n, 0) >= self.scale_in_patience
+            ready = [n for n in by_load if self._low_streak.get(n, 0) >= self._patience(layout, n)]
+            candidates = [n for n in ready if not self._holds_stateful(layout, n)] + [
+                n for n in ready if self._holds_stateful(layout, n)
             ]
             # A node waiting to be emptied is a target of last resort, and only for
             # a node holding no stateful worker, so that such a node still empties

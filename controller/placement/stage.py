@@ -83,7 +83,9 @@ def demands_from_record(
     """Typed demands from a decision record's ``instances`` rows (replays, tools).
 
     ValueError naming the row when one lacks a field; a row's optional
-    ``peak_demand_cores`` becomes the instance's peak."""
+    ``peak_demand_cores`` becomes the instance's peak. With the default
+    ``demand_field``, the row's ``backlog_cores`` (the part of its demand that
+    drains its queue) is left out, as the controller leaves it out of placement."""
     rows = record.get("instances")
     if not isinstance(rows, list):
         raise ValueError("record['instances'] must be a list")
@@ -91,7 +93,10 @@ def demands_from_record(
     for i, row in enumerate(rows):
         try:
             key = InstanceKey(row["app"], row["operator"], row["instance"])
-            out[key] = PlacementDemand(row["node"], row[demand_field], row.get("peak_demand_cores"))
+            cores = row[demand_field]
+            if demand_field == "demand_cores":
+                cores -= row.get("backlog_cores", 0.0)
+            out[key] = PlacementDemand(row["node"], cores, row.get("peak_demand_cores"))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"record['instances'][{i}] lacks {exc}") from None
     return out
@@ -167,15 +172,25 @@ def _needs(state: PlacementInput, headroom_cores: float, scale_in: bool) -> tupl
     return reasons, overloaded == len(reasons)
 
 
-def build_strategy(name: str, slot_seconds: float, scale_in_wait_seconds: float, **options):
+def build_strategy(
+    name: str,
+    slot_seconds: float,
+    scale_in_wait_seconds: float,
+    scale_in_wait_stateless_seconds: float = 0.0,
+    **options,
+):
     """The strategy ``name`` for a controller whose epoch is ``slot_seconds``, with
-    its typed options (config ``[placement.<name>]``). ``liu`` waits before a
-    stateful scale in: its wait, given in seconds, becomes plans of this slot;
-    ``aniello-online`` counts its overload window in slots of this length."""
+    its typed options (config ``[placement.<name>]``). ``liu`` waits before it
+    empties a node: its waits (holding a stateful worker, holding only stateless
+    ones), given in seconds, become plans of this slot; ``aniello-online`` counts
+    its overload window in slots of this length."""
     if name == "liu":
-        options.setdefault(
-            "scale_in_patience", max(1, math.ceil(scale_in_wait_seconds / slot_seconds - 1e-9))
-        )
+
+        def plans(seconds: float) -> int:
+            return max(1, math.ceil(seconds / slot_seconds - 1e-9))
+
+        options.setdefault("scale_in_patience", plans(scale_in_wait_seconds))
+        options.setdefault("stateless_scale_in_patience", plans(scale_in_wait_stateless_seconds))
     if name == "aniello-online":
         # Its overload window X_i is in seconds; each plan or observation is one slot.
         options.setdefault("slot_seconds", slot_seconds)

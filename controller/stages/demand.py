@@ -55,6 +55,8 @@ class InstanceDemand(NamedTuple):
     node: str
     cores: float
     reason: str  # the term that set it: "rate", "backlog", "floor", "latency", ...
+    # The part of ``cores`` that drains the instance's queue (WithBacklogDrain).
+    backlog_cores: float = 0.0
 
 
 class DemandEstimator(Protocol):
@@ -96,7 +98,11 @@ class WithBacklogDrain:
         for k, d in base.items():
             extra = view.queue_by_instance.get(k, 0.0) * fc.kappa / self.drain_seconds
             out[k] = InstanceDemand(
-                k, d.node, d.cores + extra, "backlog" if extra > d.cores else d.reason
+                k,
+                d.node,
+                d.cores + extra,
+                "backlog" if extra > d.cores else d.reason,
+                d.backlog_cores + extra,
             )
         return out
 
@@ -114,7 +120,7 @@ class WithFloor:
         return {
             k: d
             if d.cores >= self.floor_cores
-            else InstanceDemand(k, d.node, self.floor_cores, "floor")
+            else InstanceDemand(k, d.node, self.floor_cores, "floor", d.backlog_cores)
             for k, d in self.inner.estimate(view, fc).items()
         }
 
@@ -196,7 +202,11 @@ def instance_demands(
     reason = np.where(low, _FLOOR, reason)
     reasons = list(map(_REASONS.__getitem__, reason.tolist()))
     return dict(
-        zip(keys, tuples(InstanceDemand, keys, nodes, cores.tolist(), reasons), strict=True)
+        zip(
+            keys,
+            tuples(InstanceDemand, keys, nodes, cores.tolist(), reasons, extra.tolist()),
+            strict=True,
+        )
     )
 
 

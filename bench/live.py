@@ -114,6 +114,11 @@ TREND_SECONDS = 2.0
 # of one level does not empty a node the next level refills. At the seed001
 # profile's 10-s decisions it is one plan: the paper's rule.
 STATELESS_SCALE_IN_WAIT_SECONDS = 10.0
+# Placement judges each instance by its demand averaged over the same five levels:
+# a node over its room for a level or two is fitted by the allocator's cuts, where
+# a move would pause instances for a load that is gone by the time they resume.
+# At seed001's 10-s decisions it is one epoch: the demand now, the paper's rule.
+PLACEMENT_DEMAND_SECONDS = 10.0
 MAX_NODES = 8
 
 
@@ -556,6 +561,7 @@ def controller_config(
     if nodes > 1:
         out["placement"] = "liu"
         out["scale_in_wait_stateless_seconds"] = STATELESS_SCALE_IN_WAIT_SECONDS
+        out["placement_demand_seconds"] = PLACEMENT_DEMAND_SECONDS
     return out
 
 

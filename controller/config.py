@@ -595,6 +595,12 @@ class ControllerConfig:
     # epochs are short, a lull of a few seconds would empty a node that the next
     # rise refills, each moved worker pausing twice.
     scale_in_wait_stateless_seconds: float = 0.0
+    # Placement judges each instance by its demand averaged over this many seconds
+    # (less the part that drains its queue). Caps follow a load within an epoch;
+    # a move pauses the instance, so moves are made for load that lasts, and a
+    # node over its room for less than this is fitted by the allocator's cuts.
+    # 0: this epoch's demand (the paper's rule).
+    placement_demand_seconds: float = 0.0
     # Stateful instances are placed where their workers keep room for the most
     # they needed over this window (moving one later costs a state migration);
     # stateless ones only by their demand now. 0: by their demand now too.
@@ -761,7 +767,11 @@ class ControllerConfig:
             "move_url",
             "the testbed move actuator needs an http(s):// URL",
         )
-        for key in ("scale_in_wait_seconds", "scale_in_wait_stateless_seconds"):
+        for key in (
+            "scale_in_wait_seconds",
+            "scale_in_wait_stateless_seconds",
+            "placement_demand_seconds",
+        ):
             value = getattr(self, key)
             require(
                 not isinstance(value, bool)

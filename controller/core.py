@@ -307,7 +307,9 @@ class Controller:
             sources=SourceHistory(config.arima_history, config.arima_fits_per_epoch)
             if {"arima", "seasonal"} & set(config.predictors)
             else None,
-            peaks=DemandPeaks.for_slot(config.stateful_peak_seconds, config.slot_seconds)
+            peaks=DemandPeaks.for_slot(
+                config.stateful_peak_seconds, config.slot_seconds, config.placement_demand_seconds
+            )
             if self.placement is not None
             else None,
         )
@@ -628,7 +630,11 @@ class Controller:
         def snapshot() -> PlacementOffer:
             current = current_from_histories(self.cluster.histories)
             demands = {
-                k: PlacementDemand(d.node, d.cores - d.backlog_cores, result.peaks.get(k))
+                k: PlacementDemand(
+                    d.node,
+                    result.placement_demands.get(k, d.cores - d.backlog_cores),
+                    result.peaks.get(k),
+                )
                 for k, d in result.demands.items()
             }
             # A held instance still occupies its node: its held cap stands for its demand.

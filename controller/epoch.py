@@ -96,6 +96,9 @@ class EpochResult:
     estimates: dict[str, float]  # app -> mean latency under the caps (latency_model), seconds
     predicted_violation: dict[str, float]  # app -> predicted violation ratio
     peaks: dict[InstanceKey, float]  # highest demand over the peak window (placement)
+    # Each instance's demand as placement judges it: less its backlog drain, and
+    # averaged over ``placement_demand_seconds`` (empty: the demand now).
+    placement_demands: dict[InstanceKey, float] = field(default_factory=dict)
     # Unmeasured instances this epoch (their caps, when they have one, are in
     # ``caps`` and ``steps`` with reason "held").
     held: dict[InstanceKey, Unmeasured] = field(default_factory=dict)
@@ -116,17 +119,23 @@ class EpochResult:
     # (stages/interference.py, Interference.record()).
     interference: dict[str, dict] = field(default_factory=dict)
     # run_epoch(defer_explanation=True): what explain() still has to compute.
-    pending_explanation: Callable[[], tuple[dict, dict, dict]] | None = field(
+    pending_explanation: Callable[[], tuple[dict, dict, dict, dict]] | None = field(
         default=None, repr=False
     )
 
     def explain(self) -> EpochResult:
-        """Fill ``estimates``, ``predicted_violation`` and ``peaks`` if run_epoch
-        left them for later (once; later calls do nothing)."""
+        """Fill ``estimates``, ``predicted_violation``, ``peaks`` and
+        ``placement_demands`` if run_epoch left them for later (once; later calls
+        do nothing)."""
         pending, self.pending_explanation = self.pending_explanation, None
         if pending is not None:
             start = _now()
-            self.estimates, self.predicted_violation, self.peaks = pending()
+            (
+                self.estimates,
+                self.predicted_violation,
+                self.peaks,
+                self.placement_demands,
+            ) = pending()
             self.timing.update(_spans((("estimate", start, _now()),)))
         return self
 
@@ -319,9 +328,10 @@ def run_epoch(
     caps.update({k: (held[k].node, s.cap) for k, s in held_steps.items()})
     steps.update(held_steps)
 
-    def explanation() -> tuple[dict[str, float], dict[str, float], dict[InstanceKey, float]]:
+    def explanation() -> tuple[dict, dict, dict, dict]:
         """What the record and placement read: the latency under the caps, the
-        predicted violation and the demand peaks. None of it changes a cap."""
+        predicted violation, the demand peaks and the demands placement judges.
+        None of it changes a cap."""
         estimates = estimate_latency_seconds(
             views,
             forecasts,
@@ -348,12 +358,17 @@ def run_epoch(
                 a: float(violation_ratio([estimates[a]], classes[a].target_seconds)[0])
                 for a in sorted({k.app for k in views})
             }
-        peaks = (
-            memory.peaks.peaks_with({k: d.cores - d.backlog_cores for k, d in demands.items()})
-            if memory.peaks is not None
-            else {}
+        # A queue drains within backlog_drain_slots and a move pauses the
+        # instance: placement leaves the drain out of what it judges.
+        lasting = {k: d.cores - d.backlog_cores for k, d in demands.items()}
+        if memory.peaks is None:
+            return estimates, predicted_violation, {}, {}
+        return (
+            estimates,
+            predicted_violation,
+            memory.peaks.peaks_with(lasting),
+            memory.peaks.means_with(lasting),
         )
-        return estimates, predicted_violation, peaks
 
     t_end = _now()
     result = EpochResult(

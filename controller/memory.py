@@ -47,44 +47,66 @@ class InstanceState(Protocol):
 
 
 class DemandPeaks:
-    """Each instance's highest predicted demand over the last ``window`` epochs.
+    """Each instance's recent demands: its highest over the last ``window``
+    epochs, and its mean over the last ``mean_window``.
 
     ``liu`` places stateful instances where their workers keep room for these
     peaks: a stateful worker that outgrows its node must carry its state
-    elsewhere, a stateless one only restarts. The window is a run of
-    consecutive epochs, planned or not. An instance that stops reporting is
-    forgotten; one that comes back starts afresh. A demand that is not a
-    finite number >= 0 does not enter the window, and the instance keeps the
-    window it had.
+    elsewhere, a stateless one only restarts. Placement judges every instance
+    by the mean (:meth:`means_with`): caps follow a load within an epoch, but a
+    move pauses the instance, so moves are made for load that lasts (with a
+    mean over one epoch, the demand now). The windows are runs of consecutive
+    epochs, planned or not. An instance that stops reporting is forgotten; one
+    that comes back starts afresh. A demand that is not a finite number >= 0
+    does not enter the window, and the instance keeps the window it had.
     """
 
-    def __init__(self, window: int) -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window (epochs) must be an int >= 1, got {window!r}")
+    def __init__(self, window: int, mean_window: int = 1) -> None:
+        for name, value in (("window", window), ("mean_window", mean_window)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} (epochs) must be an int >= 1, got {value!r}")
         self.window = window
+        self.mean_window = mean_window
         self._demands: dict[InstanceKey, deque[float]] = {}
 
     @classmethod
-    def for_slot(cls, peak_seconds: float, slot_seconds: float) -> DemandPeaks:
-        """The window covering ``peak_seconds`` of epochs of ``slot_seconds`` (at least one)."""
-        return cls(max(1, math.ceil(peak_seconds / slot_seconds - 1e-9)))
+    def for_slot(
+        cls, peak_seconds: float, slot_seconds: float, mean_seconds: float = 0.0
+    ) -> DemandPeaks:
+        """The windows covering ``peak_seconds`` and ``mean_seconds`` of epochs of
+        ``slot_seconds`` (each at least one epoch)."""
 
-    def peaks_with(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
-        """Each good demand's peak once this epoch is in the window (read only)."""
+        def epochs(seconds: float) -> int:
+            return max(1, math.ceil(seconds / slot_seconds - 1e-9))
+
+        return cls(epochs(peak_seconds), epochs(mean_seconds))
+
+    def _with(self, demands: Mapping[InstanceKey, float], span: int, reduce) -> dict:
         out: dict[InstanceKey, float] = {}
-        keep = self.window - 1
+        keep = span - 1
         for key, demand in demands.items():
             if not _good(demand):
                 continue
             seen = self._demands.get(key)
-            past = list(seen)[len(seen) - keep :] if seen and keep else []
-            out[key] = max([*past, float(demand)])
+            # A window not yet full is read whole.
+            past = list(seen)[max(0, len(seen) - keep) :] if seen and keep else []
+            out[key] = reduce([*past, float(demand)])
         return out
+
+    def peaks_with(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
+        """Each good demand's peak once this epoch is in the window (read only)."""
+        return self._with(demands, self.window, max)
+
+    def means_with(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
+        """Each good demand's mean over ``mean_window`` epochs once this epoch is in
+        it (read only; fewer epochs where fewer were seen)."""
+        return self._with(demands, self.mean_window, lambda v: math.fsum(v) / len(v))
 
     def observe(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
         """Put this epoch's demands in the window; instance -> its peak."""
+        peaks = self.peaks_with(demands)
         self.advance(demands)
-        return {k: max(self._demands[k]) for k, d in demands.items() if _good(d)}
+        return peaks
 
     def advance(
         self, demands: Mapping[InstanceKey, float], keep: Container[InstanceKey] = ()
@@ -93,12 +115,13 @@ class DemandPeaks:
 
         Instances in ``keep`` (held: alive, but unmeasured this epoch) keep their
         window as it is."""
+        span = max(self.window, self.mean_window)
         for key, demand in demands.items():
             if not _good(demand):
                 continue
             seen = self._demands.get(key)
             if seen is None:
-                seen = self._demands[key] = deque(maxlen=self.window)
+                seen = self._demands[key] = deque(maxlen=span)
             seen.append(float(demand))
         for key in set(self._demands) - set(demands):
             if key not in keep:

@@ -155,6 +155,11 @@ def build_record(
         for k, row in zip(keys, instances, strict=True):
             if k in peaks:
                 row["peak_demand_cores"] = peaks[k]
+    placed = result.placement_demands
+    if placed:
+        for k, row in zip(keys, instances, strict=True):
+            if k in placed:
+                row["placement_demand_cores"] = placed[k]
     cuts = [
         {
             "app": apps[j],

@@ -67,6 +67,8 @@ def test_seed001_profile_sets_the_papers_settings():
     assert c["placement"] == "liu" and c["node_capacity_cores"] == {"n1": 0.8, "n2": 0.8}
     # A stateless-only node empties in the first 10-s plan that can, as the paper's.
     assert c["scale_in_wait_stateless_seconds"] == 10.0
+    # Placement judges the demand now: one 10-s epoch is the whole mean window.
+    assert c["placement_demand_seconds"] == 10.0
 
 
 def test_two_nodes_at_the_default_profile_wait_five_levels_before_a_stateless_scale_in():
@@ -83,6 +85,8 @@ def test_two_nodes_at_the_default_profile_wait_five_levels_before_a_stateless_sc
     )
     # 10 s of 0.5-s epochs: twenty consecutive plans.
     assert build_placement(cfg).strategy.stateless_scale_in_patience == 20
+    # Placement judges each instance's demand averaged over five 2-s levels.
+    assert c["placement_demand_seconds"] == 10.0
 
 
 def test_default_profile_is_todays_behaviour():

@@ -238,3 +238,53 @@ def test_rows_carry_no_peak_without_placement(tmp_path, clock):
     records = _peak_epochs(tmp_path, clock, placement="none", stateful_peak_seconds=3.0)
     assert records[-1]["instances"]
     assert not any("peak_demand_cores" in r for rec in records for r in rec["instances"])
+
+
+def test_rows_carry_the_demand_placement_judges_averaged_over_its_seconds(tmp_path, clock):
+    window = 3
+    records = _peak_epochs(tmp_path, clock, slot_seconds=1.0, placement_demand_seconds=3.0)
+
+    def rows(rec):
+        return {f"{r['app']}/{r['operator']}/{r['instance']}": r for r in rec["instances"]}
+
+    first = next(k for k, rec in enumerate(records) if rec["instances"])
+    for k in range(first, len(records)):
+        history = [rows(r) for r in records[max(first, k - window + 1) : k + 1]]
+        for iid, row in rows(records[k]).items():
+            expected = sum(h[iid]["demand_cores"] for h in history) / len(history)
+            assert row["placement_demand_cores"] == pytest.approx(expected), (k, iid)
+
+
+def _spike(tmp_path, clock, placement_demand_seconds: float) -> list[dict]:
+    """n1 (0.5 cores) is over its room for one epoch of six; n2 is idle."""
+    c = Controller(
+        config(
+            tmp_path,
+            node_capacity_cores={"n1": 0.5, "n2": 2.0},
+            placement_demand_seconds=placement_demand_seconds,
+        ),
+        clock=lambda: clock[0],
+    )
+    busy = SyntheticNode(c, "n1", cores=2.0)
+    idle = SyntheticNode(c, "n2", cores=2.0)
+    records = []
+    for rate in (60, 60, 60, 60, 300, 60, 60):
+        clock[0] += 1.0
+        busy.report(clock[0], {"wc": rate})
+        idle.report(clock[0], {})
+        records.append(c.run_epoch())
+        assert c.wait_placement(timeout=30)
+    c.stop()
+    return records
+
+
+def test_a_node_over_its_room_for_one_epoch_moves_nothing_when_placement_averages(tmp_path, clock):
+    # Judged by the demand now, the spike gets a plan...
+    now = _spike(tmp_path / "now", clock, 0.0)
+    assert any(r["placement"].get("planned") for r in now)
+    # ...averaged over five 1-s epochs it is fitted by the allocator and nothing moves.
+    averaged = _spike(tmp_path / "avg", clock, 5.0)
+    assert not any(r["placement"].get("planned") for r in averaged)
+    spike = averaged[4]["instances"]
+    assert sum(r["demand_cores"] for r in spike) > 0.4  # over n1's room (0.5 - 0.1)
+    assert sum(r["placement_demand_cores"] for r in spike) < 0.4

@@ -223,3 +223,47 @@ def test_peaks_with_gives_good_demands_their_peak_and_changes_no_window():
     assert peaks.peaks_with({count0: 0.4, count1: math.nan}) == {count0: 0.9}
     # Had peaks_with entered 0.4, the window would now be [0.4, 0.1].
     assert _observe(peaks, [_row(0.1)]) == {"wc/count/0": 0.9}
+
+
+# --- the mean placement judges -------------------------------------------------
+
+
+def test_the_mean_is_over_exactly_the_last_mean_window_observations():
+    peaks = DemandPeaks(2, mean_window=3)
+    key = InstanceKey("wc", "split", 0)
+    seen = []
+    for demand in (0.9, 0.3, 0.3, 0.6, 0.0):
+        seen.append(demand)
+        assert peaks.means_with({key: demand})[key] == pytest.approx(
+            sum(seen[-3:]) / len(seen[-3:])
+        )
+        # The peak keeps its own, shorter window.
+        assert peaks.peaks_with({key: demand})[key] == max(seen[-2:])
+        peaks.advance({key: demand})
+
+
+def test_a_mean_window_of_one_is_the_demand_now_and_bad_windows_are_refused():
+    peaks = DemandPeaks(3)
+    key = InstanceKey("wc", "split", 0)
+    peaks.advance({key: 5.0})
+    assert peaks.means_with({key: 1.0}) == {key: 1.0}
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="mean_window"):
+            DemandPeaks(3, mean_window=bad)
+
+
+def test_the_windows_in_seconds_become_epochs_of_the_slot():
+    peaks = DemandPeaks.for_slot(300.0, 0.5, 10.0)
+    assert (peaks.window, peaks.mean_window) == (600, 20)
+    assert DemandPeaks.for_slot(300.0, 10.0, 0.0).mean_window == 1
+
+
+def test_a_window_not_yet_full_is_read_whole():
+    # Two epochs seen of a four-epoch window: the peak is the larger of both and
+    # this epoch's, not only the newest's.
+    peaks = DemandPeaks(4, mean_window=4)
+    key = InstanceKey("wc", "count", 0)
+    peaks.advance({key: 2.0})
+    peaks.advance({key: 0.5})
+    assert peaks.peaks_with({key: 0.5}) == {key: 2.0}
+    assert peaks.means_with({key: 0.5}) == {key: 1.0}

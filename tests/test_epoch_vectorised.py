@@ -304,6 +304,8 @@ def build_record_scalar(
             )
             if k in peaks:
                 instances[-1]["peak_demand_cores"] = peaks[k]
+            if k in result.placement_demands:
+                instances[-1]["placement_demand_cores"] = result.placement_demands[k]
             if cut > 1e-9:
                 cuts.append(
                     {
@@ -647,6 +649,7 @@ def test_the_decision_record_equals_the_per_instance_loop(tmp_path):
         assert got[part] == want[part], part
     assert got["cuts"], "the bronze app should be cut"
     assert any("peak_demand_cores" in i for i in got["instances"])
+    assert any("placement_demand_cores" in i for i in got["instances"])
     c.stop()
 
 

@@ -185,11 +185,10 @@ def run_peer_epoch(
             kappa=kappa if kappa is not None else memory.kappa.get(key, 0.0),
             selectivity=view.selectivity,
         )
-    peaks = (
-        memory.peaks.peaks_with({k: d.cores for k, d in demands.items()})
-        if memory.peaks is not None
-        else {}
-    )
+    # Placement judges a peer's wishes as it judges dsched's demands.
+    wished = {k: d.cores for k, d in demands.items()}
+    peaks = memory.peaks.peaks_with(wished) if memory.peaks is not None else {}
+    placement_demands = memory.peaks.means_with(wished) if memory.peaks is not None else {}
     w1, c1 = time.perf_counter(), time.thread_time()
     zero = {
         f"{stage}{suffix}": 0.0
@@ -212,6 +211,7 @@ def run_peer_epoch(
         estimates={},
         predicted_violation={},
         peaks=peaks,
+        placement_demands=placement_demands,
         held=held,
         kappa_measured=kappa_measured,
         source_points={},

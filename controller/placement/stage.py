@@ -84,8 +84,9 @@ def demands_from_record(
 
     ValueError naming the row when one lacks a field; a row's optional
     ``peak_demand_cores`` becomes the instance's peak. With the default
-    ``demand_field``, the row's ``backlog_cores`` (the part of its demand that
-    drains its queue) is left out, as the controller leaves it out of placement."""
+    ``demand_field`` the demand is what the controller's placement judged: the
+    row's ``placement_demand_cores`` where it has one, else its demand less its
+    ``backlog_cores`` (the part that drains its queue)."""
     rows = record.get("instances")
     if not isinstance(rows, list):
         raise ValueError("record['instances'] must be a list")
@@ -95,7 +96,7 @@ def demands_from_record(
             key = InstanceKey(row["app"], row["operator"], row["instance"])
             cores = row[demand_field]
             if demand_field == "demand_cores":
-                cores -= row.get("backlog_cores", 0.0)
+                cores = row.get("placement_demand_cores", cores - row.get("backlog_cores", 0.0))
             out[key] = PlacementDemand(row["node"], cores, row.get("peak_demand_cores"))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"record['instances'][{i}] lacks {exc}") from None

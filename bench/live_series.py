@@ -12,16 +12,22 @@ series (the same scenario, QoS class and contenders, each run made with
   failed and lost tuples;
 - per run, the peer targets judged on that run alone:
 
-  * ``cpu``: dsched allocates no more CPU than any peer that meets the class;
+  * ``cpu``: dsched meets the class and allocates no more CPU than any peer
+    that meets it;
   * ``violations``: dsched has fewer slots over the target than any peer that
-    allocates less CPU (a peer with as few is named a tie: the target says fewer);
+    allocates less CPU (a peer with as few is named a tie: the target says
+    fewer; shares are compared as the runs wrote them, to four decimals);
   * ``cap_changes``: dsched changes caps less often than ``util-target``;
   * ``lost``: dsched loses no tuple.
 
-  Each names the peers that break it and by how much. The peers are the
-  policies an operator could run instead (:data:`PEERS`); ``equal`` is left
-  out because its caps are dsched's own mean allocation of the same run, and
-  dsched's runs at other headrooms (``dsched-h*``) because they are dsched.
+  Each names the peers that break it and by how much, and a run that lacks a
+  peer another run of the series has says which (``peers_missing``): a target
+  judged without it may hold only for that reason. The peers are the policies
+  an operator could run instead (:data:`PEERS`); ``equal`` is left out because
+  its caps are dsched's own mean allocation of the same run, and dsched's runs
+  at other headrooms (``dsched-h*``) because they are dsched. ``targets_held``
+  counts, per target, the runs where it held and the runs where it could be
+  judged (cap changes need ``util-target``).
 
 ``--markdown`` also writes the tables the docs show.
 """
@@ -36,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import write_result
+from controller.peers import PEERS as PEER_POLICIES
 
-PEERS = ("ds2", "util-target", "vpa", "err", "static-0.7", "static-0.3", "uncapped")
+PEERS = (*PEER_POLICIES, "static-0.7", "static-0.3", "uncapped")
 FIGURES = (
     "cpu_allocated_core_seconds",
     "latency_ms_mean",
@@ -89,8 +96,11 @@ def _spread(values: Sequence[float | None]) -> dict[str, float | None]:
     return {"median": statistics.median(known), "min": min(known), "max": max(known)}
 
 
-def judge(contenders: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The peer targets on one run (see the module's docstring)."""
+def judge(
+    contenders: Mapping[str, Mapping[str, Any]], expected: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The peer targets on one run (see the module's docstring); ``expected``:
+    the peers the series ran, so that the run names those it lacks."""
     d = contenders["dsched"]
     cpu, over = d["cpu_allocated_core_seconds"], d["violation_slot_share"]
     peers = {n: c for n, c in contenders.items() if n in PEERS}
@@ -109,7 +119,12 @@ def judge(contenders: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     util = contenders.get("util-target")
     changes = d["cap_changes_per_instance_hour"]
     out: dict[str, Any] = {
-        "cpu": {"holds": not cheaper_meeting, "peers_meeting_with_less": cheaper_meeting},
+        "peers_missing": sorted(set(expected) - set(contenders)),
+        "cpu": {
+            "holds": bool(d.get("meets_target")) and not cheaper_meeting,
+            "dsched_meets": bool(d.get("meets_target")),
+            "peers_meeting_with_less": cheaper_meeting,
+        },
         "violations": {
             "holds": not worse_or_tie,
             "cheaper_peers_with_as_few": worse_or_tie,
@@ -143,7 +158,8 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "failed": [row["failed"] for row in rows],
             "lost": [row["lost"] for row in rows],
         }
-    targets = [judge(r["contenders"]) for r in runs]
+    ran = {n for r in runs for n in r["contenders"] if n in PEERS}
+    targets = [judge(r["contenders"], sorted(ran)) for r in runs]
     first = runs[0]
     return {
         "scenario": first["scenario"],
@@ -153,8 +169,11 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "runs": [{"revision": r.get("revision"), "created": r.get("created")} for r in runs],
         "contenders": contenders,
         "targets": targets,
-        "targets_held_in": {
-            t: sum(bool(run[t]["holds"]) for run in targets)
+        "targets_held": {
+            t: {
+                "held": sum(run[t]["holds"] is True for run in targets),
+                "judged": sum(run[t]["holds"] is not None for run in targets),
+            }
             for t in ("cpu", "violations", "cap_changes", "lost")
         },
     }
@@ -200,7 +219,10 @@ def markdown(summary: Mapping[str, Any]) -> str:
             "holds"
             if cpu["holds"]
             else "missed: "
-            + ", ".join(f"{p} {r:.2f}×" for p, r in cpu["peers_meeting_with_less"].items())
+            + ", ".join(
+                ([] if cpu["dsched_meets"] else ["dsched misses the class"])
+                + [f"{p} {r:.2f}×" for p, r in cpu["peers_meeting_with_less"].items()]
+            )
         )
         vio = t["violations"]
         vio_s = (
@@ -219,8 +241,9 @@ def markdown(summary: Mapping[str, Any]) -> str:
             else f"{'holds' if cc['holds'] else 'missed'}: {cc['dsched']:,.0f} / {cc['util_target']:,.0f}"
         )
         lost = t["lost"]
+        missing = f" (without {', '.join(t['peers_missing'])})" if t["peers_missing"] else ""
         lines.append(
-            f"| {i} | {cpu_s} | {vio_s} | {cc_s} | "
+            f"| {i}{missing} | {cpu_s} | {vio_s} | {cc_s} | "
             f"{'holds' if lost['holds'] else 'missed'} ({lost['lost']} lost, {lost['failed']} failed) |"
         )
     return "\n".join(lines) + "\n"

@@ -61,6 +61,8 @@ def socket_group_id(key: str, group: str) -> int | None:
 DP_VALUES = ("covered", "latency")
 # What meeting a latency target means (docs/controller.md, "Demand").
 LATENCY_CRITERIA = ("quantile", "mean")
+# Longest window of per-instance demands the controller keeps (seconds).
+MAX_DEMAND_WINDOW_SECONDS = 86400.0
 
 
 @dataclass
@@ -771,6 +773,7 @@ class ControllerConfig:
             "scale_in_wait_seconds",
             "scale_in_wait_stateless_seconds",
             "placement_demand_seconds",
+            "stateful_peak_seconds",
         ):
             value = getattr(self, key)
             require(
@@ -781,11 +784,14 @@ class ControllerConfig:
                 key,
                 "must be a number >= 0",
             )
-        require(
-            math.isfinite(self.stateful_peak_seconds) and self.stateful_peak_seconds >= 0,
-            "stateful_peak_seconds",
-            "must be a number >= 0",
-        )
+        # The controller keeps each instance's demands over these windows in memory.
+        for key in ("placement_demand_seconds", "stateful_peak_seconds"):
+            require(
+                getattr(self, key) <= MAX_DEMAND_WINDOW_SECONDS,
+                key,
+                f"must be at most {MAX_DEMAND_WINDOW_SECONDS:g} s (one day): every "
+                "instance's demands over the window are kept in memory",
+            )
         known_models = ", ".join(sorted(WAIT_MODELS))
         require(
             isinstance(self.latency_model, str) and self.latency_model in WAIT_MODELS,

@@ -95,9 +95,11 @@ class EpochResult:
     caps: dict[InstanceKey, tuple[str, float]]  # instance -> (node, cap cores)
     estimates: dict[str, float]  # app -> mean latency under the caps (latency_model), seconds
     predicted_violation: dict[str, float]  # app -> predicted violation ratio
-    peaks: dict[InstanceKey, float]  # highest demand over the peak window (placement)
+    # Highest demand (less its backlog drain) over the peak window (placement).
+    peaks: dict[InstanceKey, float]
     # Each instance's demand as placement judges it: less its backlog drain, and
-    # averaged over ``placement_demand_seconds`` (empty: the demand now).
+    # averaged over ``placement_demand_seconds`` (empty without placement, where
+    # the controller falls back to the demand now less its backlog drain).
     placement_demands: dict[InstanceKey, float] = field(default_factory=dict)
     # Unmeasured instances this epoch (their caps, when they have one, are in
     # ``caps`` and ``steps`` with reason "held").

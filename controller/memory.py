@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Container, Mapping
+from itertools import islice
 from dataclasses import dataclass, field
 from operator import attrgetter
 from types import MappingProxyType
@@ -88,8 +89,9 @@ class DemandPeaks:
             if not _good(demand):
                 continue
             seen = self._demands.get(key)
-            # A window not yet full is read whole.
-            past = list(seen)[max(0, len(seen) - keep) :] if seen and keep else []
+            # The newest ``keep`` (all of a window not yet full), without
+            # copying the rest of a long window.
+            past = list(islice(reversed(seen), keep)) if seen and keep else []
             out[key] = reduce([*past, float(demand)])
         return out
 

@@ -51,7 +51,11 @@ def test_a_cheaper_peer_that_meets_the_class_breaks_the_cpu_target():
             "err": _c(190.0, 0.0, True),
         }
     )
-    assert t["cpu"] == {"holds": False, "peers_meeting_with_less": {"ds2": 0.85}}
+    assert t["cpu"] == {
+        "holds": False,
+        "dsched_meets": True,
+        "peers_meeting_with_less": {"ds2": 0.85},
+    }
     # Every cheaper peer has more slots over the target.
     assert t["violations"]["holds"] is True
 
@@ -98,7 +102,8 @@ def test_the_spread_and_the_targets_over_three_runs(tmp_path):
     assert ds2["cpu_allocated_core_seconds"] == {"median": 110.0, "min": 90.0, "max": 120.0}
     assert ds2["cpu_over_dsched"]["min"] == pytest.approx(0.9)
     assert ds2["met_target_runs"] == 3
-    assert s["targets_held_in"]["cpu"] == 2  # the first run's ds2 meets it with less
+    assert s["targets_held"]["cpu"] == {"held": 2, "judged": 3}  # run 1: ds2 with less
+    assert s["targets_held"]["cap_changes"] == {"held": 0, "judged": 0}  # no util-target
     text = markdown(s)
     assert "| `ds2` | 110.0 (90.0–120.0) |" in text
     assert "| 1 | missed: ds2 0.90× |" in text and "| 2 | holds |" in text
@@ -148,7 +153,8 @@ def test_the_command_writes_json_and_markdown_and_refuses_a_missing_file(tmp_pat
     )
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
-    assert doc["benchmark"] == "live-series" and doc["targets_held_in"]["lost"] == 1
+    assert doc["benchmark"] == "live-series"
+    assert doc["targets_held"]["lost"] == {"held": 1, "judged": 1}
     assert md.read_text().startswith("| contender |")
     missing = subprocess.run(
         [DSCHED, "bench", "live-series", str(tmp_path / "nope.json"), "--json", str(out)],
@@ -157,3 +163,21 @@ def test_the_command_writes_json_and_markdown_and_refuses_a_missing_file(tmp_pat
         timeout=60,
     )
     assert missing.returncode != 0 and "nope.json" in missing.stderr
+
+
+def test_dsched_missing_the_class_misses_the_cpu_target_even_with_no_cheaper_peer():
+    t = judge({"dsched": _c(100.0, 0.6, False), "vpa": _c(150.0, 0.0, True)})
+    assert t["cpu"]["holds"] is False and t["cpu"]["dsched_meets"] is False
+    assert "dsched misses the class" in markdown(
+        summarize([_doc({"dsched": _c(100.0, 0.6, False), "vpa": _c(150.0, 0.0, True)})])
+    )
+
+
+def test_a_run_without_a_peer_the_series_ran_says_so():
+    runs = [
+        _doc({"dsched": _c(100.0, 0.0, True), "ds2": _c(80.0, 0.0, True)}),
+        _doc({"dsched": _c(100.0, 0.0, True)}),  # ds2 did not run here
+    ]
+    s = summarize(runs)
+    assert [t["peers_missing"] for t in s["targets"]] == [[], ["ds2"]]
+    assert "| 2 (without ds2) | holds |" in markdown(s)

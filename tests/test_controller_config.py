@@ -28,6 +28,11 @@ BAD = [
     ("placement_demand_seconds = -0.5\n", "placement_demand_seconds"),
     ("placement_demand_seconds = nan\n", "placement_demand_seconds"),
     ("placement_demand_seconds = false\n", "placement_demand_seconds"),
+    ("placement_demand_seconds = inf\n", "placement_demand_seconds"),
+    ('placement_demand_seconds = "10"\n', "placement_demand_seconds"),
+    ("placement_demand_seconds = 1e20\n", "placement_demand_seconds"),
+    ("stateful_peak_seconds = 1e20\n", "stateful_peak_seconds"),
+    ("scale_in_wait_stateless_seconds = nan\n", "scale_in_wait_stateless_seconds"),
     ("stateful_peak_seconds = -1\n", "stateful_peak_seconds"),
     ("stateful_peak_seconds = nan\n", "stateful_peak_seconds"),
     ("stateful_peak_seconds = inf\n", "stateful_peak_seconds"),
@@ -90,3 +95,20 @@ def test_classes_and_capacity_from_toml(tmp_path):
     assert cfg.qos.classes["rt"].weight == 10.0
     assert cfg.node_capacity_cores == {"local": 1.0}
     assert (cfg.allocator, cfg.placement) == ("demand", "none")
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "scale_in_wait_seconds",
+        "scale_in_wait_stateless_seconds",
+        "placement_demand_seconds",
+        "stateful_peak_seconds",
+    ],
+)
+@pytest.mark.parametrize("bad", [True, "10", None, -1.0, float("nan")])
+def test_a_window_in_seconds_built_in_code_is_checked_too(key, bad):
+    # Not only what TOML can say: a config built in code is validated the same way.
+    with pytest.raises(ConfigError) as err:
+        ControllerConfig(**{key: bad}).validate()
+    assert err.value.key == key

@@ -224,7 +224,7 @@ def test_rows_carry_the_peak_demand_over_the_last_stateful_peak_seconds(tmp_path
     for k in range(first, len(records)):
         history = [rows(r) for r in records[max(first, k - window + 1) : k + 1]]
         for iid, row in rows(records[k]).items():
-            expected = max(h[iid]["demand_cores"] for h in history)
+            expected = max(h[iid]["demand_cores"] - h[iid]["backlog_cores"] for h in history)
             assert row["peak_demand_cores"] == expected, (k, iid)
             all_time = max(rows(r)[iid]["demand_cores"] for r in records[first : k + 1])
             slid += expected < all_time
@@ -251,7 +251,9 @@ def test_rows_carry_the_demand_placement_judges_averaged_over_its_seconds(tmp_pa
     for k in range(first, len(records)):
         history = [rows(r) for r in records[max(first, k - window + 1) : k + 1]]
         for iid, row in rows(records[k]).items():
-            expected = sum(h[iid]["demand_cores"] for h in history) / len(history)
+            expected = sum(h[iid]["demand_cores"] - h[iid]["backlog_cores"] for h in history) / len(
+                history
+            )
             assert row["placement_demand_cores"] == pytest.approx(expected), (k, iid)
 
 

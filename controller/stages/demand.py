@@ -358,7 +358,9 @@ def cores_for_budgets(
 @dataclass
 class WithLatencyTarget:
     """Raise demand to the smallest cap that meets the operator's latency budget
-    (``needs`` from :func:`latency_needs`, per-instance cores by operator)."""
+    (``needs`` from :func:`latency_needs`, per-instance cores by operator, for an
+    even share of the arrivals), times the instance's arrivals over an even
+    share's (:meth:`OperatorView.load_weight`)."""
 
     inner: DemandEstimator
     needs: Mapping[OperatorKey, float]

@@ -67,7 +67,8 @@ class OperatorView:
 
     @property
     def queue_change(self) -> float:
-        """Mean change of the queue per second over the window (delta in the load model)."""
+        """Mean growth of the queue per second over the window. The load model's
+        delta (executed - arrivals) is its negation."""
         if len(self.queue) < 2:
             return 0.0
         return float((self.queue[-1] - self.queue[0]) / max(self.seconds[1:].sum(), 1e-9))

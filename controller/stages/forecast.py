@@ -7,8 +7,8 @@ config (``predictors``); docs/architecture.md, "Load", gives the formulas:
   on (Liu et al., "An Adaptive Online Scheme for Scheduling and Resource
   Enforcement in Storm", load prediction by regression);
 * ``dag``: for non-sources, what the parents are predicted to send, sum over
-  parents of (arrivals + queue change) * selectivity (the same paper's
-  prediction from parents);
+  parents of (arrivals - queue growth) * selectivity (the same paper's
+  prediction from parents: what a parent processes);
 * ``arima``: for sources with enough long history, an ARIMA forecast
   (statsmodels) over the source's arrival series ("QoS-aware CPU cap
   adjustment for timely data-flow", the MPC controller's forecast).

@@ -152,6 +152,27 @@ def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
     return sorted(front, key=lambda n: ok[n])
 
 
+# Label offsets in points, taken in turn by neighbouring points (by cost), so close
+# points keep legible labels; a leader line ties each label to its point.
+LABEL_OFFSETS = ((8, 14), (8, -14), (8, 30), (8, 46))
+
+
+def label_points(ax: Any, labelled: list[tuple[str, float, float, str]]) -> None:
+    """Name every (label, x, y, colour) point on a matplotlib axis in its point's
+    colour, neighbours' labels staggered above and below, each joined to its
+    point by a thin line."""
+    for i, (text, x, y, colour) in enumerate(sorted(labelled, key=lambda t: (t[1], t[2]))):
+        ax.annotate(
+            text,
+            (x, y),
+            textcoords="offset points",
+            xytext=LABEL_OFFSETS[i % len(LABEL_OFFSETS)],
+            fontsize=8,
+            color=colour,
+            arrowprops={"arrowstyle": "-", "color": colour, "linewidth": 0.5},
+        )
+
+
 # dsched at another per-node headroom, as a contender of its own (live and sim).
 HEADROOM_PREFIX = "dsched-h"
 

@@ -71,6 +71,7 @@ from bench.common import (
     HEADROOM_PREFIX,
     headroom_contenders,
     headroom_of,
+    label_points,
     pareto_front,
     print_contenders,
     write_result,
@@ -1174,29 +1175,17 @@ def plot_pareto(doc: dict[str, Any], path: Path) -> Path:
     front = pareto_front(points)
     qos = doc["qos_class"]
     fig, ax = plt.subplots(figsize=(7, 5))
+    colours = {}
     for name, (x, y) in points.items():
         policy = doc["contenders"][name].get("policy")
-        ax.scatter(
-            [x],
-            [y],
-            marker="s" if policy is None else "o",
-            # dsched (at any headroom) red, the peers blue, static caps grey.
-            color={None: "tab:grey", "dsched": "tab:red"}.get(policy, "tab:blue"),
-            zorder=3,
-        )
+        # dsched (at any headroom) red, the peers blue, static caps grey.
+        colours[name] = {None: "tab:grey", "dsched": "tab:red"}.get(policy, "tab:blue")
+        ax.scatter([x], [y], marker="s" if policy is None else "o", color=colours[name], zorder=3)
     # Contenders on the same point (static caps of the same size) share one label.
     labels: dict[tuple[float, float], list[str]] = {}
     for name, (x, y) in points.items():
-        labels.setdefault((round(x, 3), round(y, 4)), []).append(name)
-    # Neighbours' labels take turns above and below, so close points stay legible.
-    for i, ((x, y), names) in enumerate(sorted(labels.items())):
-        ax.annotate(
-            ", ".join(names),
-            (x, y),
-            textcoords="offset points",
-            xytext=(4, (6, 16, -12)[i % 3]),
-            fontsize=8,
-        )
+        labels.setdefault((round(x, 1), round(y, 3)), []).append(name)
+    label_points(ax, [(", ".join(n), x, y, colours[n[0]]) for (x, y), n in labels.items()])
     if front:
         fx, fy = zip(*(points[n] for n in front), strict=True)
         ax.step(fx, fy, where="post", color="black", linewidth=0.8)

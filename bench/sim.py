@@ -48,6 +48,7 @@ from bench.common import (
     HEADROOM_PREFIX,
     headroom_contenders,
     headroom_of,
+    label_points,
     pareto_front,
     write_result,
 )
@@ -466,21 +467,16 @@ def plot_pareto(doc: dict[str, Any], path: Path) -> Path:
     for ax, key in zip(axes, ("pareto", "pareto_phase2"), strict=True):
         par = doc[key]
         pts = par["points"]
-        for i, (name, p) in enumerate(
-            sorted(pts.items(), key=lambda kv: kv[1]["cpu_allocated_core_seconds"])
-        ):
+        labelled = []
+        for name, p in pts.items():
             x, y = p["cpu_allocated_core_seconds"], p["gold_violation_ratio"]
             if math.isnan(y):
                 continue
             mine = name == "dsched" or name.startswith(HEADROOM_PREFIX)
-            ax.scatter([x], [y], color="tab:red" if mine else "tab:blue", zorder=3)
-            ax.annotate(
-                name,
-                (x, y),
-                textcoords="offset points",
-                xytext=(4, (6, 16, -12)[i % 3]),
-                fontsize=8,
-            )
+            colour = "tab:red" if mine else "tab:blue"
+            ax.scatter([x], [y], color=colour, zorder=3)
+            labelled.append((name, x, y, colour))
+        label_points(ax, labelled)
         front = [pts[n] for n in par["frontier"]]
         if front:
             fx = [p["cpu_allocated_core_seconds"] for p in front]

@@ -536,6 +536,39 @@ def test_pareto_plot_marks_every_contender(tmp_path):
     assert out.stat().st_size > 0
 
 
+def test_point_labels_take_their_points_colour_and_a_leader_line():
+    """Close points (dsched beside a static contender) must not be misread: each
+    label is drawn in its point's colour, tied to it by a line, and neighbours'
+    labels sit at different heights."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.common import label_points
+
+    fig, ax = plt.subplots()
+    try:
+        label_points(
+            ax,
+            [
+                ("equal", 118.9, 0.049, "tab:grey"),
+                ("dsched", 118.8, 0.0, "tab:red"),
+                ("ds2", 88.0, 0.0, "tab:blue"),
+            ],
+        )
+        texts = {t.get_text(): t for t in ax.texts}
+        assert set(texts) == {"equal", "dsched", "ds2"}
+        colour = matplotlib.colors.to_hex
+        assert colour(texts["dsched"].get_color()) == colour("tab:red")
+        assert colour(texts["equal"].get_color()) == colour("tab:grey")
+        assert all(t.arrow_patch is not None for t in ax.texts)
+        # By cost: ds2, dsched, equal; the two close ones get different offsets.
+        assert texts["dsched"].xyann != texts["equal"].xyann
+    finally:
+        plt.close(fig)
+
+
 PEER_KEYS = (
     "cpu_allocated_core_seconds",
     "throughput_tuples",

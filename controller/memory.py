@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Container, Mapping
-from itertools import islice
 from dataclasses import dataclass, field
+from itertools import islice
 from operator import attrgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol

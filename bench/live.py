@@ -1199,6 +1199,8 @@ def plot_pareto(doc: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("CPU allocated, core-seconds")
     ax.set_ylabel(f"share of slots with mean latency > {qos['target_latency_ms']:g} ms")
     ax.set_ylim(-0.03, 1.03)
+    # Room on the right for the labels of the costliest points.
+    ax.margins(x=0.16)
     ax.set_title(f"{doc['scenario']}: CPU against violations ({qos['name']} class)")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -47,6 +47,11 @@ class InstanceState(Protocol):
     def cap(self) -> float | None: ...
 
 
+def epochs_covering(seconds: float, slot_seconds: float) -> int:
+    """How many epochs of ``slot_seconds`` cover ``seconds`` (at least one)."""
+    return max(1, math.ceil(seconds / slot_seconds - 1e-9))
+
+
 class DemandPeaks:
     """Each instance's recent demands: its highest over the last ``window``
     epochs, and its mean over the last ``mean_window``.
@@ -77,10 +82,10 @@ class DemandPeaks:
         """The windows covering ``peak_seconds`` and ``mean_seconds`` of epochs of
         ``slot_seconds`` (each at least one epoch)."""
 
-        def epochs(seconds: float) -> int:
-            return max(1, math.ceil(seconds / slot_seconds - 1e-9))
-
-        return cls(epochs(peak_seconds), epochs(mean_seconds))
+        return cls(
+            epochs_covering(peak_seconds, slot_seconds),
+            epochs_covering(mean_seconds, slot_seconds),
+        )
 
     def _with(self, demands: Mapping[InstanceKey, float], span: int, reduce) -> dict:
         out: dict[InstanceKey, float] = {}

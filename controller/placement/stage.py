@@ -28,11 +28,11 @@ each epoch. Tools that replay decision records build the demands with
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from controller.memory import epochs_covering
 from controller.placement import get_strategy
 from controller.placement.common import PlacementStrategy, build_plan, node_loads
 from controller.placement.model import (
@@ -186,12 +186,12 @@ def build_strategy(
     ones), given in seconds, become plans of this slot; ``aniello-online`` counts
     its overload window in slots of this length."""
     if name == "liu":
-
-        def plans(seconds: float) -> int:
-            return max(1, math.ceil(seconds / slot_seconds - 1e-9))
-
-        options.setdefault("scale_in_patience", plans(scale_in_wait_seconds))
-        options.setdefault("stateless_scale_in_patience", plans(scale_in_wait_stateless_seconds))
+        # One plan per epoch: a wait in seconds is the plans that cover it.
+        options.setdefault("scale_in_patience", epochs_covering(scale_in_wait_seconds, slot_seconds))
+        options.setdefault(
+            "stateless_scale_in_patience",
+            epochs_covering(scale_in_wait_stateless_seconds, slot_seconds),
+        )
     if name == "aniello-online":
         # Its overload window X_i is in seconds; each plan or observation is one slot.
         options.setdefault("slot_seconds", slot_seconds)

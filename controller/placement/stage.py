@@ -187,7 +187,9 @@ def build_strategy(
     its overload window in slots of this length."""
     if name == "liu":
         # One plan per epoch: a wait in seconds is the plans that cover it.
-        options.setdefault("scale_in_patience", epochs_covering(scale_in_wait_seconds, slot_seconds))
+        options.setdefault(
+            "scale_in_patience", epochs_covering(scale_in_wait_seconds, slot_seconds)
+        )
         options.setdefault(
             "stateless_scale_in_patience",
             epochs_covering(scale_in_wait_stateless_seconds, slot_seconds),

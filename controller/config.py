@@ -17,6 +17,7 @@ from controller.qos import QosConfig
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
 from dsched.names import InvalidName, check_name
 from dsched.tls import TlsConfig, pem_certificates
+from predict.cost import STRATEGIES as COST_STRATEGIES
 from predict.queueing import DEFAULT_WAIT_MODEL, WAIT_MODELS
 from spark_stream.config import HistoryConfig
 
@@ -539,6 +540,14 @@ class ControllerConfig:
     epoch_trigger: str = "timer"
     # Slots of history the fast loop predicts from (phi).
     phi: int = 5
+    # How the CPU and tuples of those phi slots become kappa, the CPU per tuple:
+    # `ratio_of_sums` (their total CPU over their total tuples) or `mean_ratio`
+    # (the mean of each slot's ratio, the paper's wording). A slot's CPU and its
+    # tuple count are not read at the same instant, and the mean of ratios turns
+    # that noise into a cost biased upwards (1.1-1.5x the CPU actually used per
+    # tuple on a stepped trace with 0.5-s slots; docs/prediction.md, "Cost per
+    # tuple"); the ratio of sums is not.
+    kappa_estimator: str = "ratio_of_sums"
     # Cap granularity in cores (theta of the hysteresis).
     theta_cores: float = 0.1
     # Dead band around each cap, as a share of it: a raise must take the cap up
@@ -754,6 +763,11 @@ class ControllerConfig:
         POLICIES.check(self.policy)
         CAP_ACTUATORS.check(self.cap_actuator)
         MOVE_ACTUATORS.check(self.move_actuator)
+        require(
+            self.kappa_estimator in COST_STRATEGIES,
+            "kappa_estimator",
+            f"must be one of {', '.join(COST_STRATEGIES)}",
+        )
         require(bool(self.predictors), "predictors", "at least one predictor is needed")
         for i, name in enumerate(self.predictors):
             PREDICTORS.check(name, f"predictors[{i}]")

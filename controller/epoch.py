@@ -207,7 +207,14 @@ def run_epoch(
     cfg = config
     views, classes, capacity = inputs.views, inputs.classes, inputs.capacity
     t0 = _now()
-    fc = forecast(views, cfg.phi, memory.sources, memory.kappa, tuple(cfg.predictors))
+    fc = forecast(
+        views,
+        cfg.phi,
+        memory.sources,
+        memory.kappa,
+        tuple(cfg.predictors),
+        kappa_estimator=cfg.kappa_estimator,
+    )
     t_demand = _now()
     # Demand is sized for each class's forecast quantile of next slot's arrivals.
     forecasts = size_forecasts(

@@ -56,8 +56,10 @@ def cpu_per_tuple(
     return float(cpu[busy].sum() / n[busy].sum())
 
 
-def cpu_per_tuple_many(cpu_seconds: np.ndarray, tuples: np.ndarray, window: int = 5) -> np.ndarray:
-    """``cpu_per_tuple(row_cpu, row_tuples, window)`` (``mean_ratio``) for every row of
+def cpu_per_tuple_many(
+    cpu_seconds: np.ndarray, tuples: np.ndarray, window: int = 5, strategy: str = "mean_ratio"
+) -> np.ndarray:
+    """``cpu_per_tuple(row_cpu, row_tuples, window, strategy=strategy)`` for every row of
     two 2-D arrays; NaN for a row where no slot in the window processed a tuple.
 
     Rows where every slot processed something are computed together (a row mean
@@ -68,6 +70,8 @@ def cpu_per_tuple_many(cpu_seconds: np.ndarray, tuples: np.ndarray, window: int 
     cpu = np.asarray(cpu_seconds, dtype=float)
     n = np.asarray(tuples, dtype=float)
     window = v.positive_int(window, "window")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     if cpu.ndim != 2 or cpu.shape != n.shape or cpu.shape[1] == 0:
         raise ValueError(
             f"cpu_seconds and tuples must be 2-D arrays of one shape, got {cpu.shape} and {n.shape}"
@@ -81,7 +85,10 @@ def cpu_per_tuple_many(cpu_seconds: np.ndarray, tuples: np.ndarray, window: int 
     busy = n > 0
     full = ok & busy.all(axis=1)
     if full.any():
-        out[full] = (cpu[full] / n[full]).mean(axis=1)
+        if strategy == "mean_ratio":
+            out[full] = (cpu[full] / n[full]).mean(axis=1)
+        else:
+            out[full] = cpu[full].sum(axis=1) / n[full].sum(axis=1)
     for i in np.flatnonzero(ok & ~full & busy.any(axis=1)):
-        out[i] = cpu_per_tuple(cpu[i], n[i], window)
+        out[i] = cpu_per_tuple(cpu[i], n[i], window, strategy=strategy)
     return out

@@ -53,6 +53,7 @@ BAD = [
     ("decisions_kept = 0\n", "decisions_kept"),
     ("arima_fits_per_epoch = -1\n", "arima_fits_per_epoch"),
     ("move_timeout_seconds = 0\n", "move_timeout_seconds"),
+    ('kappa_estimator = "median"\n', "kappa_estimator"),
 ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import grpc
+import numpy as np
 import pytest
 
 from controller.config import ControllerConfig
@@ -458,3 +459,30 @@ def test_seasonal_predictor_falls_back_without_a_period(tmp_path, clock):
     assert used <= 8, used  # random levels: the seasonal forecast almost never pays
     diff = [abs(a[0] - b[0]) for a, b in zip(plain, seasonal, strict=True) if a[0] is not None]
     assert sum(1 for d in diff if d > 1e-9) == used
+
+
+def test_kappa_estimator_divides_sums_by_default_and_means_ratios_on_request(tmp_path, clock):
+    """A window whose slots processed very different counts for similar CPU: the
+    mean of the slots' ratios overstates the cost of a tuple; the ratio of sums
+    is the CPU the window spent per tuple it processed."""
+    c = Controller(config(tmp_path), clock=lambda: clock[0])
+    node = SyntheticNode(c)
+    run(c, node, clock, 6, {"wc": 50})
+    views = evaluate(c.cluster, 5)
+    key = next(k for k in views if k.operator == "split")
+    view = views[key]
+    view.executed[-5:] = [10.0, 100.0, 10.0, 100.0, 10.0]
+    view.cpu_seconds[-5:] = 0.1
+    processed = view.executed[-5:] * view.seconds[-5:]
+    sums = 0.5 / float(processed.sum())
+    ratios = float(np.mean(0.1 / processed))
+    assert ControllerConfig().kappa_estimator == "ratio_of_sums"
+    got = {
+        name: forecast(views, 5, kappa_estimator=name).forecasts[key].kappa
+        for name in ("ratio_of_sums", "mean_ratio")
+    }
+    assert got["ratio_of_sums"] == pytest.approx(sums)
+    assert got["mean_ratio"] == pytest.approx(ratios)
+    assert got["mean_ratio"] > 2 * got["ratio_of_sums"]
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        forecast(views, 5, kappa_estimator="median")

@@ -48,6 +48,7 @@ from controller.stages.hysteresis import (
     step,
 )
 from dsched.ids import InstanceKey, OperatorKey
+from predict.cost import STRATEGIES as COST_STRATEGIES
 from predict.cost import cpu_per_tuple, cpu_per_tuple_many
 from predict.load import LinearTrend, linear_trend_many
 
@@ -471,14 +472,15 @@ def test_linear_trend_many_equals_linear_trend(n, window, values):
     st.integers(1, 8),
     st.lists(st.floats(0, 30), min_size=9 * 30, max_size=9 * 30),
     st.lists(st.sampled_from([0, 0, 1, 3, 250, 10_000]), min_size=9 * 30, max_size=9 * 30),
+    st.sampled_from(COST_STRATEGIES),
 )
-def test_cpu_per_tuple_many_equals_cpu_per_tuple(n, window, cpu, tuples):
+def test_cpu_per_tuple_many_equals_cpu_per_tuple(n, window, cpu, tuples, strategy):
     c = np.array(cpu[: 30 * n]).reshape(30, n)
     t = np.array(tuples[: 30 * n], dtype=float).reshape(30, n)
-    got = cpu_per_tuple_many(c, t, window)
+    got = cpu_per_tuple_many(c, t, window, strategy=strategy)
     for i in range(30):
         if (t[i, -window:] > 0).any():
-            assert got[i] == cpu_per_tuple(c[i], t[i], window)
+            assert got[i] == cpu_per_tuple(c[i], t[i], window, strategy=strategy)
         else:
             assert math.isnan(got[i])
 
@@ -486,21 +488,23 @@ def test_cpu_per_tuple_many_equals_cpu_per_tuple(n, window, cpu, tuples):
 def test_cpu_per_tuple_many_refuses_what_cpu_per_tuple_refuses():
     with pytest.raises(ValueError, match="cpu_seconds must be >= 0"):
         cpu_per_tuple_many(np.array([[1.0, -1.0]]), np.array([[1.0, 1.0]]))
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        cpu_per_tuple_many(np.array([[1.0]]), np.array([[1.0]]), strategy="median")
     with pytest.raises(ValueError, match="non-finite"):
         linear_trend_many(np.array([[1.0, np.nan]]))
 
 
 @SETTINGS
-@given(clusters(), st.integers(1, 7), st.data())
-def test_operator_columns_equal_the_per_view_code(cluster, phi, data):
+@given(clusters(), st.integers(1, 7), st.sampled_from(COST_STRATEGIES), st.data())
+def test_operator_columns_equal_the_per_view_code(cluster, phi, strategy, data):
     views = evaluate(cluster, phi)
     memory = {k: data.draw(st.floats(0, 1)) for k in views if data.draw(st.booleans())}
-    cols = operator_columns(views, phi)
+    cols = operator_columns(views, phi, kappa_estimator=strategy)
     for k, v in views.items():
         assert cols.trend[k] == LinearTrend(window=phi).forecast(v.arrivals, horizon=1)[0]
         assert cols.selectivity[k] == v.selectivity
         assert cols.queue_change[k] == v.queue_change
-        kappa, measured = operator_cost(v, phi, memory)
+        kappa, measured = operator_cost(v, phi, memory, strategy)
         assert (k in cols.kappa) == measured
         got = cols.kappa[k] if measured else memory.get(k, cols.cpu_window[k])
         assert got == kappa

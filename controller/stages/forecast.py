@@ -189,19 +189,21 @@ def forecast(
     sources: SourceHistory | None = None,
     kappa_memory: Mapping[OperatorKey, float] | None = None,
     predictors: tuple[str, ...] = ("linear_trend", "dag", "arima"),
+    kappa_estimator: str = "mean_ratio",
 ) -> ForecastResult:
     """Predict every operator's arrivals: the max of the enabled predictors.
 
     ``kappa_memory`` holds each operator's last measured CPU per tuple; it is
     used when an operator processed nothing in the window (see
-    :func:`operator_cost`)."""
+    :func:`operator_cost`). ``kappa_estimator`` names how the window's CPU and
+    tuples become a cost per tuple (:data:`predict.cost.STRATEGIES`)."""
     kappa_memory = {} if kappa_memory is None else kappa_memory
     use_trend = "linear_trend" in predictors
     use_dag = "dag" in predictors
     use_last = "last_value" in predictors
     use_arima = sources is not None and "arima" in predictors
     use_seasonal = sources is not None and "seasonal" in predictors
-    cols = operator_columns(views, phi, use_trend)
+    cols = operator_columns(views, phi, use_trend, kappa_estimator)
     budget = FitBudget(sources.fits_per_epoch if sources is not None else 0)
     result = ForecastResult({})
     by_app: dict[str, dict[str, OperatorView]] = {}
@@ -311,7 +313,10 @@ def size_forecasts(
 
 
 def operator_cost(
-    view: OperatorView, phi: int, memory: Mapping[OperatorKey, float]
+    view: OperatorView,
+    phi: int,
+    memory: Mapping[OperatorKey, float],
+    kappa_estimator: str = "mean_ratio",
 ) -> tuple[float, bool]:
     """CPU-seconds per tuple of an operator and whether it was measured now.
 
@@ -323,7 +328,8 @@ def operator_cost(
     """
     processed = view.executed * view.seconds
     if float(processed[-phi:].sum()) > 0:
-        return float(cpu_per_tuple(view.cpu_seconds, processed, window=phi)), True
+        kappa = cpu_per_tuple(view.cpu_seconds, processed, window=phi, strategy=kappa_estimator)
+        return float(kappa), True
     return memory.get(view.key, float(view.cpu_seconds[-phi:].sum())), False
 
 
@@ -342,7 +348,10 @@ _ARRAYS = ("seconds", "arrivals", "executed", "emitted", "cpu_seconds", "queue")
 
 
 def operator_columns(
-    views: Mapping[OperatorKey, OperatorView], phi: int, trend: bool = True
+    views: Mapping[OperatorKey, OperatorView],
+    phi: int,
+    trend: bool = True,
+    kappa_estimator: str = "mean_ratio",
 ) -> OperatorColumns:
     """The trend, cost, selectivity and queue change of every view, as the
     per-view code computes them (:class:`~predict.load.LinearTrend`,
@@ -357,7 +366,7 @@ def operator_columns(
         if n and all(len(getattr(view, a)) == n for a in _ARRAYS):
             groups.setdefault(n, []).append(view)
         else:
-            _one_view(out, view, phi, trend)
+            _one_view(out, view, phi, trend, kappa_estimator)
     for n, group in groups.items():
         keys = [view.key for view in group]
         k = len(group)
@@ -375,7 +384,9 @@ def operator_columns(
         cpu_window = np.ascontiguousarray(cpu[:, -phi:]).sum(axis=1)
         out.cpu_window.update(zip(keys, cpu_window.tolist(), strict=True))
         if measured.any():
-            kappa = cpu_per_tuple_many(cpu[measured], processed[measured], window=phi)
+            kappa = cpu_per_tuple_many(
+                cpu[measured], processed[measured], window=phi, strategy=kappa_estimator
+            )
             out.kappa.update(
                 zip([keys[i] for i in np.flatnonzero(measured)], kappa.tolist(), strict=True)
             )
@@ -397,14 +408,18 @@ def _rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a[:, None, :], b[:, :, None])[:, 0, 0]
 
 
-def _one_view(out: OperatorColumns, view: OperatorView, phi: int, trend: bool) -> None:
+def _one_view(
+    out: OperatorColumns, view: OperatorView, phi: int, trend: bool, kappa_estimator: str
+) -> None:
     """The per-view code, for a view whose arrays do not line up (or are empty)."""
     key = view.key
     if trend:
         out.trend[key] = float(LinearTrend(window=phi).forecast(view.arrivals, horizon=1)[0])
     processed = view.executed * view.seconds
     if float(processed[-phi:].sum()) > 0:
-        out.kappa[key] = float(cpu_per_tuple(view.cpu_seconds, processed, window=phi))
+        out.kappa[key] = float(
+            cpu_per_tuple(view.cpu_seconds, processed, window=phi, strategy=kappa_estimator)
+        )
     out.cpu_window[key] = float(view.cpu_seconds[-phi:].sum())
     out.selectivity[key] = view.selectivity
     out.queue_change[key] = view.queue_change

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from controller.qos import QosConfig
+from controller.stages.flow import FLOW_BOUNDS
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
 from dsched.names import InvalidName, check_name
 from dsched.tls import TlsConfig, pem_certificates
@@ -548,6 +549,11 @@ class ControllerConfig:
     # tuple on a stepped trace with 0.5-s slots; docs/prediction.md, "Cost per
     # tuple"); the ratio of sums is not.
     kappa_estimator: str = "ratio_of_sums"
+    # `on`: no operator is granted more than its parents can send it under their
+    # grants (their cores over their CPU per tuple, times their selectivity); the
+    # CPU taken back is recorded as a cut with its reason and given to nobody.
+    # `off`: grants are the division's (docs/controller.md, "Flow bound").
+    flow_bound: str = "on"
     # Cap granularity in cores (theta of the hysteresis).
     theta_cores: float = 0.1
     # Dead band around each cap, as a share of it: a raise must take the cap up
@@ -763,6 +769,11 @@ class ControllerConfig:
         POLICIES.check(self.policy)
         CAP_ACTUATORS.check(self.cap_actuator)
         MOVE_ACTUATORS.check(self.move_actuator)
+        require(
+            self.flow_bound in FLOW_BOUNDS,
+            "flow_bound",
+            f"must be one of {', '.join(FLOW_BOUNDS)}",
+        )
         require(
             self.kappa_estimator in COST_STRATEGIES,
             "kappa_estimator",

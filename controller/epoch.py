@@ -43,6 +43,7 @@ from controller.stages.demand import (
     latency_needs,
 )
 from controller.stages.evaluate import OperatorView
+from controller.stages.flow import bound_by_parents
 from controller.stages.forecast import OperatorForecast, forecast, size_forecasts
 from controller.stages.hysteresis import (
     HysteresisStep,
@@ -297,6 +298,8 @@ def run_epoch(
         classes,
         models,
     )
+    if cfg.flow_bound == "on":
+        bound_by_parents(alloc, demands, views, forecasts, cfg.min_cap_cores)
     t_hyst = _now()
     # Per-instance inputs as columns in the demands' order: the stages read
     # them in a row instead of hashing every instance key (stages/columns.py).

@@ -549,10 +549,11 @@ class ControllerConfig:
     # tuple on a stepped trace with 0.5-s slots; docs/prediction.md, "Cost per
     # tuple"); the ratio of sums is not.
     kappa_estimator: str = "ratio_of_sums"
-    # `on`: no operator is granted more than its parents can send it under their
-    # grants (their cores over their CPU per tuple, times their selectivity); the
-    # CPU taken back is recorded as a cut with its reason and given to nobody.
-    # `off`: grants are the division's (docs/controller.md, "Flow bound").
+    # `on`: no operator is granted more than its parents can send it: what their
+    # grants let them process and what reaches them plus their queues, times
+    # their selectivity. The CPU taken back is recorded as a cut with its reason
+    # and given to nobody. `off`: grants are the division's (docs/controller.md,
+    # "Flow bound").
     flow_bound: str = "on"
     # Cap granularity in cores (theta of the hysteresis).
     theta_cores: float = 0.1

@@ -141,3 +141,27 @@ def test_the_controller_bounds_by_default_and_records_why(tmp_path):
         want = ["count", "split"] if setting == "on" else []
         assert sorted(x["operator"] for x in flow) == want
     assert grants["on"] < 0.8 * grants["off"]
+
+
+def test_a_parent_sends_no_more_than_reaches_it_plus_its_queue(wordcount):
+    """A source granted twice its demand still sends only what arrives at it, plus
+    its queue drained: a split forecast at 1.5x that is sized for what comes."""
+    views, forecasts, demands = wordcount
+    src_key, split_key = OperatorKey("wc", "source"), OperatorKey("wc", "split")
+    src, split = _key(demands, "source"), _key(demands, "split")
+    ahead = dict(forecasts)
+    ahead[split_key] = replace(forecasts[split_key], rate=1.5 * forecasts[src_key].demand_rate)
+    sends = forecasts[src_key].demand_rate * forecasts[src_key].selectivity
+    alloc = _grants(demands, source=2.0)
+    bound_by_parents(alloc, demands, views, ahead, 0.01)
+    assert alloc.cores[split] == pytest.approx(demands[split].cores * sends / ahead[split_key].rate)
+    # With a queue at the source, its drain is sent too.
+    d = demands[src]
+    drain = dict(demands)
+    drain[src] = InstanceDemand(src, d.node, d.cores + 0.005, "backlog", 0.005)
+    alloc = _grants(drain, source=2.0)
+    bound_by_parents(alloc, drain, views, ahead, 0.01)
+    kappa = forecasts[src_key].kappa
+    more = (forecasts[src_key].demand_rate + 0.005 / kappa) * forecasts[src_key].selectivity
+    assert more < ahead[split_key].rate
+    assert alloc.cores[split] == pytest.approx(demands[split].cores * more / ahead[split_key].rate)

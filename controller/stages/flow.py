@@ -1,25 +1,25 @@
 """Stage 4b of the epoch: no operator is granted more than its parents can send it.
 
-A parent granted ``G_p`` cores processes at most ``G_p / kappa_p`` tuples per
-second next slot, whatever arrives at it, and its children receive that times
-its selectivity (``rho_p``, the same edge model as the DAG propagation of the
-forecast). A child whose demand was sized for more -- its own forecast ran ahead
-of its parents', or the division cut its parents -- would hold CPU it cannot
-use while the operator that limits the chain waits for its own. In the decision
-records of the two-node live benchmark this was most of dsched's unused CPU:
-where the division cut WordCount, the source used all of its grant while split
-and count were granted a quarter more than they used.
+A parent sends at most what it can process next slot times its selectivity
+(``rho_p``, the edge model of the forecast's DAG propagation), and it can
+process at most what its grant allows (``G_p / kappa_p`` tuples/s) and at most
+what reaches it (its own rate, as bounded here) plus its queue drained (its
+backlog-drain cores over ``kappa_p``). A child sized for more -- its own forecast
+ran ahead of its parents', or the division cut its parents -- would hold CPU it
+cannot use while the operator that limits the chain waits for its own. In the
+decision records of the two-node live benchmark this was most of dsched's
+unused CPU: where the division cut WordCount, the source used all of its grant
+while split and count were granted a quarter more than they used.
 
 :func:`bound_by_parents` walks each application in topological order. For an
-operator with parents, ``inflow = sum_p rho_p * G_p / kappa_p`` (``G_p`` as
-bounded itself); where that is below the rate its demand was sized for
-(:attr:`OperatorForecast.demand_rate`), each instance's demand less its backlog
-drain is scaled by ``inflow / rate``, its backlog drain kept whole (the queue is
-already there), never below the minimum cap, and the grant is lowered to that
-where it was above. The CPU taken back is recorded as a cut with its reason; it
-is not handed to anyone else. An operator with a parent of unknown cost (kappa
-0) or one whose instances are not all in the division (a held instance's cap is
-not a grant) bounds nothing.
+operator with parents, ``inflow`` is the sum of what they can send; where that
+is below the rate its demand was sized for (:attr:`OperatorForecast.demand_rate`),
+each instance's demand less its backlog drain is scaled by ``inflow / rate``, its
+backlog drain kept whole (the queue is already there), never below the minimum
+cap, and the grant is lowered to that where it was above. The CPU taken back is
+recorded as a cut with its reason; it is not handed to anyone else. An operator
+with a parent of unknown cost (kappa 0) or one whose instances are not all in
+the division (a held instance's cap is not a grant) bounds nothing.
 """
 
 from __future__ import annotations
@@ -51,29 +51,26 @@ def bound_by_parents(
         by_app.setdefault(key.app, {})[key.operator] = view
     for app, ops in by_app.items():
         parents = {op: tuple(p for p in v.upstream if p in ops) for op, v in ops.items()}
+        # Tuples/s each operator can send next slot (None: unknown).
+        sends: dict[str, float | None] = {}
         for op in topological_order(parents):
-            if not parents[op]:
-                continue
             key = OperatorKey(app, op)
-            inflow = _inflow(app, parents[op], ops, alloc, forecasts)
             fc = forecasts.get(key)
-            if inflow is None or fc is None or not inflow < fc.demand_rate:
-                continue
-            share = inflow / fc.demand_rate
-            for k in ops[op].instances:
-                d, granted = demands.get(k), alloc.cores.get(k)
-                if d is None or granted is None:
-                    continue
-                bound = max(floor_cores, (d.cores - d.backlog_cores) * share + d.backlog_cores)
-                if granted > bound:
-                    taken[k] = granted - bound
-                    alloc.cores[k] = bound
-                    alloc.cut[k] = alloc.cut.get(k, 0.0) + taken[k]
-                    alloc.cut_reason[k] = _joined(
-                        alloc.cut_reason.get(k),
-                        f"flow {taken[k]:.3f} (parents send at most {inflow:.4g}/s "
-                        f"of {fc.demand_rate:.4g}/s)",
-                    )
+            inflow = _inflow(parents[op], sends) if parents[op] else None
+            share = 1.0
+            if inflow is not None and fc is not None and inflow < fc.demand_rate:
+                share = inflow / fc.demand_rate
+                for k in ops[op].instances:
+                    cut = _bound(alloc, demands.get(k), k, share, floor_cores)
+                    if cut > 0:
+                        taken[k] = cut
+                        alloc.cut[k] = alloc.cut.get(k, 0.0) + cut
+                        alloc.cut_reason[k] = _joined(
+                            alloc.cut_reason.get(k),
+                            f"flow {cut:.3f} (parents send at most {inflow:.4g}/s "
+                            f"of {fc.demand_rate:.4g}/s)",
+                        )
+            sends[op] = _sends(ops[op], alloc, demands, fc, share)
     for k, cores in taken.items():
         summary = alloc.apps.get(k.app)
         if summary is not None:
@@ -82,24 +79,55 @@ def bound_by_parents(
     return taken
 
 
-def _inflow(
-    app: str,
-    parent_ops: tuple[str, ...],
-    ops: Mapping[str, OperatorView],
+def _bound(
     alloc: QosAllocation,
-    forecasts: Mapping[OperatorKey, OperatorForecast],
+    d: InstanceDemand | None,
+    k: InstanceKey,
+    share: float,
+    floor_cores: float,
+) -> float:
+    """Lower one instance's grant to its demand at ``share`` of its rate (its
+    backlog drain whole, never below the floor); the cores taken back."""
+    granted = alloc.cores.get(k)
+    if d is None or granted is None:
+        return 0.0
+    bound = max(floor_cores, (d.cores - d.backlog_cores) * share + d.backlog_cores)
+    if granted <= bound:
+        return 0.0
+    alloc.cores[k] = bound
+    return granted - bound
+
+
+def _sends(
+    view: OperatorView,
+    alloc: QosAllocation,
+    demands: Mapping[InstanceKey, InstanceDemand],
+    fc: OperatorForecast | None,
+    share: float,
 ) -> float | None:
-    """Tuples per second the parents can send at most under their grants; None
-    where a parent's cost or grant is unknown."""
+    """What an operator can send next slot: at most what its grant processes
+    (grant / kappa), and at most what reaches it (its rate, bounded by its own
+    parents) plus its queue drained (backlog cores / kappa), times its
+    selectivity. None where its cost, selectivity or a grant is unknown (a held
+    instance's cap is not a grant)."""
+    if fc is None or fc.selectivity is None or not fc.kappa > 0:
+        return None
+    grants = [alloc.cores.get(k) for k in view.instances]
+    if not grants or None in grants:
+        return None
+    backlog = sum(demands[k].backlog_cores for k in view.instances if k in demands)
+    processed = min(sum(grants) / fc.kappa, fc.demand_rate * share + backlog / fc.kappa)  # type: ignore[arg-type]
+    return fc.selectivity * processed
+
+
+def _inflow(parent_ops: tuple[str, ...], sends: Mapping[str, float | None]) -> float | None:
+    """Tuples/s the parents can send together; None if any parent's is unknown."""
     total = 0.0
     for p in parent_ops:
-        fc = forecasts.get(OperatorKey(app, p))
-        grants = [alloc.cores.get(k) for k in ops[p].instances]
-        if fc is None or fc.selectivity is None or not fc.kappa > 0:
+        value = sends.get(p)
+        if value is None:
             return None
-        if not grants or None in grants:
-            return None
-        total += fc.selectivity * sum(grants) / fc.kappa  # type: ignore[arg-type]
+        total += value
     return total
 
 

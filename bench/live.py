@@ -618,6 +618,15 @@ def cluster_workdir(wanted: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"dsl-{wanted.name[:20]}-"))
 
 
+def fresh_contender_dir(workdir: Path, scenario: str, contender: str) -> Path:
+    """``workdir/<scenario>-<contender>``, emptied: a controller that found an
+    earlier run's state there would resume it (its caps, hysteresis and costs)
+    and the run would not start where every other contender does."""
+    path = workdir / f"{scenario}-{contender}"
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
 def settle_workdir(used: Path, wanted: Path) -> None:
     """Once the cluster has stopped: the logs, configs and state of a short stand-in
     directory go to ``wanted`` (sockets stay behind), and the stand-in is removed."""
@@ -650,7 +659,7 @@ def run_contender(
     roots = {n: node_root(settings.nodes, n) for n in nodes}
     backends = {n: res.backend(period, roots[n]) for n in nodes}
     cluster: LocalCluster | None = None
-    wanted = settings.workdir / f"{scn.name}-{name}"
+    wanted = fresh_contender_dir(settings.workdir, scn.name, name)
     workdir = wanted
     endpoint: MoveEndpoint | None = None
     topo: LiveTopology | DistributedTopology | None = None
@@ -1337,8 +1346,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workdir",
         type=Path,
-        help="where the controller's and agents' state and logs are kept (default: a temp "
-        "dir, removed when the run ends)",
+        help="where the controller's and agents' state and logs are kept, one directory "
+        "per contender (<scenario>-<contender>, emptied when that contender starts, so no "
+        "run resumes an earlier one's state; default: a temp dir, removed when the run ends)",
     )
 
 

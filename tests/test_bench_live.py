@@ -285,6 +285,22 @@ def test_a_short_stand_in_workdir_hands_its_files_over_and_goes(tmp_path):
     assert (wanted / "controller.log").is_file()
 
 
+def test_a_contender_starts_from_an_empty_directory(tmp_path):
+    """A second run with the same --workdir must not resume the first run's
+    controller state (its SQLite holds caps, hysteresis and costs)."""
+    from bench.live import fresh_contender_dir
+
+    old = tmp_path / "wordcount-random-dsched"
+    (old / "state").mkdir(parents=True)
+    (old / "state" / "controller.sqlite").write_bytes(b"an earlier run")
+    (tmp_path / "wordcount-random-ds2").mkdir()
+    path = fresh_contender_dir(tmp_path, "wordcount-random", "dsched")
+    assert path == old and not path.exists()
+    # Another contender's directory is left alone.
+    assert (tmp_path / "wordcount-random-ds2").is_dir()
+    assert fresh_contender_dir(tmp_path, "http", "vpa") == tmp_path / "http-vpa"
+
+
 def test_a_stand_in_that_cannot_hand_over_keeps_its_files_and_says_where(tmp_path, capsys):
     from bench.live import MAX_SOCKET_DIR, cluster_workdir, settle_workdir
 

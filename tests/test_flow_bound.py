@@ -165,3 +165,17 @@ def test_a_parent_sends_no_more_than_reaches_it_plus_its_queue(wordcount):
     more = (forecasts[src_key].demand_rate + 0.005 / kappa) * forecasts[src_key].selectivity
     assert more < ahead[split_key].rate
     assert alloc.cores[split] == pytest.approx(demands[split].cores * more / ahead[split_key].rate)
+
+
+def test_a_parent_whose_forecast_collapses_for_a_slot_still_sends_its_window_rate(wordcount):
+    """A slot whose counters were read late shows no arrivals at the source, and
+    its forecast falls to next to nothing: the source still sends what it
+    processed over the window, so split below it is not starved."""
+    views, forecasts, demands = wordcount
+    src_key = OperatorKey("wc", "source")
+    glitch = dict(forecasts)
+    glitch[src_key] = replace(forecasts[src_key], rate=0.01 * forecasts[src_key].demand_rate)
+    alloc = _grants(demands)
+    taken = bound_by_parents(alloc, demands, views, glitch, 0.01)
+    assert _key(demands, "split") not in taken
+    assert alloc.cores == {k: d.cores for k, d in demands.items()}

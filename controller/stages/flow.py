@@ -3,8 +3,9 @@
 A parent sends at most what it can process next slot times its selectivity
 (``rho_p``, the edge model of the forecast's DAG propagation), and it can
 process at most what its grant allows (``G_p / kappa_p`` tuples/s) and at most
-what reaches it (its own rate, as bounded here) plus its queue drained (its
-backlog-drain cores over ``kappa_p``). A child sized for more -- its own forecast
+what reaches it (its own rate as bounded here, or what it processed over the
+window if that was more) plus its queue drained (its backlog-drain cores over
+``kappa_p``). A child sized for more -- its own forecast
 ran ahead of its parents', or the division cut its parents -- would hold CPU it
 cannot use while the operator that limits the chain waits for its own. In the
 decision records of the two-node live benchmark this was most of dsched's
@@ -107,8 +108,8 @@ def _sends(
 ) -> float | None:
     """What an operator can send next slot: at most what its grant processes
     (grant / kappa), and at most what reaches it (its rate, bounded by its own
-    parents) plus its queue drained (backlog cores / kappa), times its
-    selectivity. None where its cost, selectivity or a grant is unknown (a held
+    parents, or its rate over the window if more) plus its queue drained
+    (backlog cores / kappa), times its selectivity. None where its cost, selectivity or a grant is unknown (a held
     instance's cap is not a grant)."""
     if fc is None or fc.selectivity is None or not fc.kappa > 0:
         return None
@@ -116,8 +117,18 @@ def _sends(
         return None
     granted = sum(alloc.cores[k] for k in view.instances)
     backlog = sum(demands[k].backlog_cores for k in view.instances if k in demands)
-    processed = min(granted / fc.kappa, fc.demand_rate * share + backlog / fc.kappa)
+    # Never below what it processed over the window: a slot whose counters were
+    # read late shows no arrivals and forecasts next to nothing, and a bound from
+    # that alone would starve every operator below it for the epoch.
+    reaching = max(fc.demand_rate * share, _window_rate(view))
+    processed = min(granted / fc.kappa, reaching + backlog / fc.kappa)
     return fc.selectivity * processed
+
+
+def _window_rate(view: OperatorView) -> float:
+    """Tuples/s the operator processed over its view's window."""
+    seconds = float(view.seconds.sum())
+    return float(view.executed @ view.seconds) / seconds if seconds > 0 else 0.0
 
 
 def _inflow(parent_ops: tuple[str, ...], sends: Mapping[str, float | None]) -> float | None:

@@ -54,6 +54,7 @@ BAD = [
     ("arima_fits_per_epoch = -1\n", "arima_fits_per_epoch"),
     ("move_timeout_seconds = 0\n", "move_timeout_seconds"),
     ('kappa_estimator = "median"\n', "kappa_estimator"),
+    ('flow_bound = "maybe"\n', "flow_bound"),
 ]
 
 

@@ -109,11 +109,6 @@ class SizingPolicy(Protocol):
     def size(self, inputs: SizingInputs) -> dict[InstanceKey, Wish]: ...
 
 
-def _window_mean(values: np.ndarray, seconds: np.ndarray) -> float:
-    total = float(seconds.sum())
-    return float(values @ seconds) / total if total > 0 else 0.0
-
-
 def _busy_cores(view: OperatorView) -> float:
     """Mean cores the operator's instances used over the window."""
     total = float(view.seconds.sum())
@@ -142,7 +137,7 @@ class Ds2Sizing:
             parents = [OperatorKey(key.app, p) for p in view.upstream]
             parents = [p for p in parents if p in views and p not in seen]
             if not parents:
-                value = _window_mean(view.arrivals, view.seconds)
+                value = view.window_mean(view.arrivals)
             else:
                 value = sum(rate(p, seen | {key}) * views[p].selectivity for p in parents)
             out[key] = value

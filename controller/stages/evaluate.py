@@ -55,6 +55,12 @@ class OperatorView:
         share = self.share_by_instance.get(key)
         return 1.0 if share is None else len(self.instances) * share
 
+    def window_mean(self, rates: np.ndarray) -> float:
+        """The window's mean of a per-slot rate (``arrivals``, ``executed``, ...),
+        each slot weighted by its length; 0 over an empty window."""
+        total = float(self.seconds.sum())
+        return float(rates @ self.seconds) / total if total > 0 else 0.0
+
     @property
     def usage_cores(self) -> float:
         return float(sum(self.usage_by_instance.values()))

@@ -120,15 +120,9 @@ def _sends(
     # Never below what it processed over the window: a slot whose counters were
     # read late shows no arrivals and forecasts next to nothing, and a bound from
     # that alone would starve every operator below it for the epoch.
-    reaching = max(fc.demand_rate * share, _window_rate(view))
+    reaching = max(fc.demand_rate * share, view.window_mean(view.executed))
     processed = min(granted / fc.kappa, reaching + backlog / fc.kappa)
     return fc.selectivity * processed
-
-
-def _window_rate(view: OperatorView) -> float:
-    """Tuples/s the operator processed over its view's window."""
-    seconds = float(view.seconds.sum())
-    return float(view.executed @ view.seconds) / seconds if seconds > 0 else 0.0
 
 
 def _inflow(parent_ops: tuple[str, ...], sends: Mapping[str, float | None]) -> float | None:

@@ -143,6 +143,13 @@ class Profile:
     theta_paper_cores: float | None = None
     # The paper's node size: sets the share of the testbed static-0.7 fills.
     node_paper_cores: float | None = None
+    # dsched's cap rounding (controller key ``cap_rounding``): to the nearest
+    # theta where theta is a small part of a cap, the paper's margin otherwise.
+    cap_rounding: str = "nearest"
+    # dsched's dead band around each cap (``hysteresis_band``): with four
+    # decisions per trace slot the forecast moves a cap every epoch; 0 is the
+    # paper's rule, for a decision per slot.
+    hysteresis_band: float = 0.25
 
 
 # Settings a profile fixes: argparse destinations, each also a Profile field.
@@ -159,7 +166,8 @@ PROFILE_KEYS = (
 PROFILES = {
     "default": Profile(
         "default",
-        "dsched's own settings: 2-s trace slots, a decision every 0.5 s, theta 0.005 core, "
+        "dsched's own settings: 2-s trace slots, a decision every 0.5 s, theta 0.005 core "
+        "(caps to the nearest, a dead band of a quarter of the cap), "
         "a trend over the last 2 s, one node of 1.6 cores",
         duration=80.0,
         slot_seconds=2.0,
@@ -189,6 +197,8 @@ PROFILES = {
         phi=5,
         theta_paper_cores=0.2,
         node_paper_cores=6.0,
+        cap_rounding="margin",
+        hysteresis_band=0.0,
     ),
 }
 
@@ -523,6 +533,8 @@ class RunSettings:
     nodes: int = 1
     theta_cores: float = 0.005
     phi: int | None = None
+    cap_rounding: str = "nearest"
+    hysteresis_band: float = 0.25
 
     @property
     def node_cores(self) -> float:
@@ -536,16 +548,25 @@ def controller_config(
     theta_cores: float = 0.005,
     phi: int | None = None,
     nodes: int = 1,
+    cap_rounding: str = "margin",
+    hysteresis_band: float = 0.0,
 ) -> dict[str, Any]:
     """The dsched contender's controller settings.
 
     Fine cap granularity by default: with a dozen executors sharing two cores,
     theta = 0.1 core would round each cap up by more than its whole demand.
+    ``cap_rounding`` and ``hysteresis_band`` default to the paper's rule (up
+    with a theta/2 margin, no dead band); the default profile passes
+    ``nearest`` (at theta = 0.005 the margin holds about 0.06 core above a dozen
+    grants) and a band of a quarter of the cap (four decisions per trace slot
+    move every cap each epoch).
     With several nodes the testbed's capacity is split evenly between them and
     the ``liu`` placement moves instances off a node that overloads."""
     trend_epochs = round(TREND_SECONDS / epoch_seconds)
     out = {
         "theta_cores": theta_cores,
+        "cap_rounding": cap_rounding,
+        "hysteresis_band": hysteresis_band,
         "min_cap_cores": 0.01,
         "headroom_cores": 0.05,
         # By default the trend looks back about one trace slot: long enough to see
@@ -675,6 +696,8 @@ def run_contender(
                 theta_cores=settings.theta_cores,
                 phi=settings.phi,
                 nodes=settings.nodes,
+                cap_rounding=settings.cap_rounding,
+                hysteresis_band=settings.hysteresis_band,
             )
             if several:
                 # Bound before the controller starts (its config names the URL); the
@@ -1474,6 +1497,8 @@ def profile_record(args: argparse.Namespace, scn: Scenario, theta: float) -> dic
             # The node size in the paper's cores (6 for the paper's nodes).
             "node_paper_cores": round(args.capacity_cores / args.nodes / scn.scale.factor, 3),
             "theta_cores": round(theta, 6),
+            "cap_rounding": prof.cap_rounding,
+            "hysteresis_band": prof.hysteresis_band,
             "theta_paper_cores": round(theta / scn.scale.factor, 4),
             "phi": phi,
             "trend_seconds": round(phi * args.epoch_seconds, 3),
@@ -1518,6 +1543,8 @@ def run(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         theta_cores=theta_of(args, scn.scale),
         phi=args.phi,
+        cap_rounding=PROFILES[args.profile].cap_rounding,
+        hysteresis_band=PROFILES[args.profile].hysteresis_band,
     )
     console.print(
         f"bench live ({args.profile} profile): {scn.name}, {duration:g} s per contender, slot "
@@ -1575,6 +1602,8 @@ def run(args: argparse.Namespace) -> int:
                 theta_cores=settings.theta_cores,
                 phi=args.phi,
                 nodes=args.nodes,
+                cap_rounding=settings.cap_rounding,
+                hysteresis_band=settings.hysteresis_band,
             ),
             **settings.controller_options,
         },

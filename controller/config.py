@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from controller.qos import QosConfig
 from controller.stages.flow import FLOW_BOUNDS
+from controller.stages.hysteresis import CAP_ROUNDINGS
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
 from dsched.names import InvalidName, check_name
 from dsched.tls import TlsConfig, pem_certificates
@@ -557,6 +558,12 @@ class ControllerConfig:
     flow_bound: str = "on"
     # Cap granularity in cores (theta of the hysteresis).
     theta_cores: float = 0.1
+    # How a grant becomes a multiple of theta. `margin` (the paper's): up, with
+    # theta/2 to spare, ceil((r + theta/2) / theta) * theta, theta above the
+    # grant on average. `nearest`: the nearest multiple, at least theta; for a
+    # theta fine next to the instances' demands, whose latency margin is already
+    # in the demand (docs/controller.md, "Rounding").
+    cap_rounding: str = "margin"
     # Dead band around each cap, as a share of it: a raise must take the cap up
     # by more than this share, a fall must have accumulated it (and theta/2).
     # On a node that stays full, the caps in force are kept while they fit and
@@ -774,6 +781,11 @@ class ControllerConfig:
             self.flow_bound in FLOW_BOUNDS,
             "flow_bound",
             f"must be one of {', '.join(FLOW_BOUNDS)}",
+        )
+        require(
+            self.cap_rounding in CAP_ROUNDINGS,
+            "cap_rounding",
+            f"must be one of {', '.join(CAP_ROUNDINGS)}",
         )
         require(
             self.kappa_estimator in COST_STRATEGIES,

@@ -315,6 +315,7 @@ def run_epoch(
         max_cap,
         cfg.hysteresis_band,
         cfg.lower_after_epochs,
+        cfg.cap_rounding,
     )
     room = {n: max(0.0, c - cfg.headroom_cores) for n, c in capacity.items()}
     weight = {a: c.weight for a, c in classes.items()}

@@ -38,7 +38,13 @@ def _resolved(*flags: str) -> tuple[argparse.Namespace, dict]:
     return args, {
         "profile": profile_record(args, scn, theta),
         "controller": controller_config(
-            scn.scale, args.epoch_seconds, theta_cores=theta, phi=args.phi, nodes=args.nodes
+            scn.scale,
+            args.epoch_seconds,
+            theta_cores=theta,
+            phi=args.phi,
+            nodes=args.nodes,
+            cap_rounding=PROFILES[args.profile].cap_rounding,
+            hysteresis_band=PROFILES[args.profile].hysteresis_band,
         ),
         "scale": scn.scale,
         "slots": len(scn.levels),
@@ -62,6 +68,10 @@ def test_seed001_profile_sets_the_papers_settings():
     assert s["theta_cores"] == pytest.approx(0.2 / 0.7 * r["scale"].core_07, rel=1e-4)
     c = r["controller"]
     assert c["phi"] == 5 and c["theta_cores"] == pytest.approx(s["theta_cores"], rel=1e-4)
+    # The paper's rounding: up, with theta/2 to spare.
+    assert c["cap_rounding"] == s["cap_rounding"] == "margin"
+    # and the paper's hysteresis, a decision per slot with no dead band.
+    assert c["hysteresis_band"] == s["hysteresis_band"] == 0.0
     # A backlog drains within one 10-s slot, as the paper's.
     assert c["backlog_drain_slots"] == 1
     assert c["placement"] == "liu" and c["node_capacity_cores"] == {"n1": 0.8, "n2": 0.8}
@@ -101,6 +111,10 @@ def test_default_profile_is_todays_behaviour():
     assert r["controller"]["backlog_drain_slots"] == 4
     assert "placement" not in r["controller"]
     assert PROFILES["default"].theta_cores == 0.005
+    # At that granularity caps go to the nearest theta, not up with a margin.
+    assert r["controller"]["cap_rounding"] == s["cap_rounding"] == "nearest"
+    # and each cap holds through moves under a quarter of it (four decisions a slot).
+    assert r["controller"]["hysteresis_band"] == s["hysteresis_band"] == 0.25
 
 
 def test_flags_given_override_the_profile():

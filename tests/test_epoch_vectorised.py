@@ -40,6 +40,7 @@ from controller.stages.demand import (
 from controller.stages.evaluate import Observed, OperatorView, SlotRows, evaluate
 from controller.stages.forecast import OperatorForecast, operator_columns, operator_cost
 from controller.stages.hysteresis import (
+    CAP_ROUNDINGS,
     HysteresisState,
     HysteresisStep,
     apply_hysteresis,
@@ -405,10 +406,12 @@ def build_record_scalar(
     }
 
 
-def apply_hysteresis_scalar(allocated, memory, theta, max_cap, band=0.0, lower_after=0):
+def apply_hysteresis_scalar(
+    allocated, memory, theta, max_cap, band=0.0, lower_after=0, rounding="margin"
+):
     steps = {}
     for k, cores in allocated.items():
-        s = step(memory.get(k, HysteresisState()), cores, theta, band, lower_after)
+        s = step(memory.get(k, HysteresisState()), cores, theta, band, lower_after, rounding)
         limit = max_cap.get(k, math.inf)
         if s.cap > limit:
             s = HysteresisStep(limit, s.changed, s.reason, s.state._replace(cap=limit))
@@ -559,8 +562,9 @@ def test_instance_demands_equal_the_estimators(cluster, data):
     st.sampled_from([0.05, 0.1, 0.2, 0.25]),
     st.sampled_from([0.0, 0.1, 0.25]),
     st.sampled_from([0, 1, 4]),
+    st.sampled_from(CAP_ROUNDINGS),
 )
-def test_apply_hysteresis_equals_step_per_instance(rows, theta, band, lower_after):
+def test_apply_hysteresis_equals_step_per_instance(rows, theta, band, lower_after, rounding):
     allocated, memory, max_cap = {}, {}, {}
     for i, (demand, kind, cap, prev, acc, limit, stood) in enumerate(rows):
         k = InstanceKey("a", "op", i)
@@ -571,12 +575,13 @@ def test_apply_hysteresis_equals_step_per_instance(rows, theta, band, lower_afte
             memory[k] = HysteresisState(cap, prev, acc, stood)
         if limit is not None:
             max_cap[k] = limit
-    want = apply_hysteresis_scalar(allocated, memory, theta, max_cap, band, lower_after)
-    assert apply_hysteresis(allocated, memory, theta, max_cap, band, lower_after) == want
+    want = apply_hysteresis_scalar(allocated, memory, theta, max_cap, band, lower_after, rounding)
+    args = (band, lower_after, rounding)
+    assert apply_hysteresis(allocated, memory, theta, max_cap, *args) == want
     # The epoch passes columns; the answer is the same.
     keys = list(allocated)
     column = KeyedColumn(keys, [max_cap.get(k, math.inf) for k in keys])
-    assert apply_hysteresis(allocated, memory, theta, column, band, lower_after) == want
+    assert apply_hysteresis(allocated, memory, theta, column, *args) == want
 
 
 @SETTINGS
@@ -589,9 +594,11 @@ def test_apply_hysteresis_equals_step_per_instance(rows, theta, band, lower_afte
         max_size=50,
     ),
     st.sampled_from([0.05, 0.1, 0.2, 0.25, 0.3]),
+    st.sampled_from(CAP_ROUNDINGS),
 )
-def test_quantize_many_equals_quantize(demands, theta):
-    assert quantize_many(np.array(demands), theta).tolist() == [quantize(d, theta) for d in demands]
+def test_quantize_many_equals_quantize(demands, theta, rounding):
+    want = [quantize(d, theta, rounding) for d in demands]
+    assert quantize_many(np.array(demands), theta, rounding).tolist() == want
 
 
 def test_quantize_many_refuses_what_quantize_refuses():
@@ -599,6 +606,8 @@ def test_quantize_many_refuses_what_quantize_refuses():
         quantize_many(np.array([0.1, -0.5]), 0.1)
     with pytest.raises(ValueError, match="theta"):
         quantize_many(np.array([0.1]), 0.0)
+    with pytest.raises(ValueError, match="rounding must be one of margin, nearest"):
+        quantize_many(np.array([0.1]), 0.1, "down")
 
 
 @SETTINGS

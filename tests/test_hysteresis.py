@@ -190,3 +190,91 @@ def test_bad_lower_after_epochs_is_refused(bad):
 
     with pytest.raises(ConfigError, match="lower_after_epochs"):
         ControllerConfig(lower_after_epochs=bad).validate()
+
+
+@pytest.mark.parametrize(
+    "demand,theta,expected",
+    [
+        (0.0, 0.005, 0.005),  # never below one theta
+        (0.001, 0.005, 0.005),
+        (0.1, 0.005, 0.1),  # a multiple stays itself (the margin rule adds theta)
+        (0.1024, 0.005, 0.1),
+        (0.1025, 0.005, 0.105),  # halves go up
+        (0.1074, 0.005, 0.105),
+        (0.29, 0.2, 0.2),
+        (0.31, 0.2, 0.4),
+    ],
+)
+def test_nearest_rounding_matches_the_formula(demand, theta, expected):
+    assert quantize(demand, theta, "nearest") == pytest.approx(expected)
+
+
+@given(st.floats(0, 64, allow_nan=False), st.sampled_from([0.005, 0.05, 0.1, 0.2]))
+def test_nearest_cap_is_within_half_theta_and_a_multiple(demand, theta):
+    cap = quantize(demand, theta, "nearest")
+    assert abs(cap - demand) <= theta / 2 + 1e-9 or (cap == theta and demand < theta / 2)
+    assert cap <= quantize(demand, theta) + 1e-9  # never above the margin rule's
+    assert math.isclose(cap / theta, round(cap / theta), abs_tol=1e-6)
+
+
+def test_nearest_rounding_grants_less_than_the_margin_over_many_instances():
+    # A dozen grants spread over one theta: the margin rule holds about one
+    # theta each above them, nearest about none.
+    theta = 0.005
+    grants = [0.06 + theta * i / 12 for i in range(12)]
+    margin = sum(quantize(g, theta) for g in grants) - sum(grants)
+    nearest = sum(quantize(g, theta, "nearest") for g in grants) - sum(grants)
+    assert margin == pytest.approx(12 * theta, abs=theta)
+    assert abs(nearest) <= theta
+
+
+def test_step_rounds_as_told_and_lowers_to_the_nearest_multiple():
+    first = step(HysteresisState(), 0.1, 0.005, rounding="nearest")
+    assert first.cap == pytest.approx(0.1)
+    # A fall of theta/2 or more is let through, to the nearest multiple.
+    down = step(first.state, 0.094, 0.005, rounding="nearest")
+    assert down.reason == "lower" and down.cap == pytest.approx(0.095)
+
+
+def test_unknown_rounding_is_refused_by_quantize_and_the_config():
+    from controller.config import ConfigError, ControllerConfig
+
+    with pytest.raises(ValueError, match="rounding must be one of margin, nearest, got 'up'"):
+        quantize(0.1, 0.1, "up")
+    with pytest.raises(ConfigError, match="cap_rounding"):
+        ControllerConfig(cap_rounding="up").validate()
+
+
+def test_the_controller_rounds_its_caps_as_configured(tmp_path):
+    """A real controller over WordCount-shaped counters: with ``margin`` every cap
+    is at least theta/2 above its grant; with ``nearest`` every cap is within
+    theta/2 of it, and the caps add up to less."""
+    from controller.core import Controller
+    from tests.test_controller_epoch import SyntheticNode, config, run
+
+    theta = 0.005
+    total = {}
+    for rounding in ("margin", "nearest"):
+        clock = [1_000_000.0]
+        c = Controller(
+            config(tmp_path / rounding, cap_rounding=rounding, theta_cores=theta),
+            clock=lambda clock=clock: clock[0],
+        )
+        node = SyntheticNode(c)
+        records = [run(c, node, clock, 1, {"wc": 200.0 + 20 * e}) for e in range(6)]
+        c.stop()
+        rows = [
+            i
+            for rec in records
+            for i in rec["instances"]
+            if i["hysteresis"] in ("first", "raise", "lower")
+        ]
+        assert rows, "no cap was set"
+        for i in rows:
+            gap = i["cap_cores"] - i["allocated_cores"]
+            if rounding == "margin":
+                assert gap >= theta / 2 - 1e-9
+            else:
+                assert abs(gap) <= theta / 2 + 1e-9
+        total[rounding] = sum(i["cap_cores"] for i in records[-1]["instances"])
+    assert total["nearest"] < total["margin"]

@@ -45,6 +45,26 @@ def _bench(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([DSCHED, "bench", "live", *args], capture_output=True, text=True, **kw)
 
 
+def _bench_run(args: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run ``dsched bench live`` to the end; also the cgroup it reserved (named
+    after its pid), which must be gone afterwards. Another live run at the same
+    time has its own: a glob over every ``dsched-live-*`` would see that one."""
+    p = subprocess.Popen(
+        [DSCHED, "bench", "live", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise
+    done = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
+    return done, CPU / f"dsched-live-{p.pid}"
+
+
 def _refused_before_anything_starts(tmp_path, *args: str) -> str:
     """Run the command with ``args``; it must exit 2 having created no result, no
     workdir and no cgroup. Returns what it printed."""
@@ -195,11 +215,8 @@ def test_regular_trace_rises_and_falls_twice_and_random_uses_levels_1_to_25():
 @pytest.mark.serial
 def test_smoke_few_slots_with_dsched_equal_and_uncapped(tmp_path, cgroup_v1_cpu):
     out, png = tmp_path / "live.json", tmp_path / "live.png"
-    p = subprocess.run(
+    p, reserved = _bench_run(
         [
-            DSCHED,
-            "bench",
-            "live",
             "--scenario",
             "wordcount-regular",
             "--duration",
@@ -215,8 +232,6 @@ def test_smoke_few_slots_with_dsched_equal_and_uncapped(tmp_path, cgroup_v1_cpu)
             "--workdir",
             str(tmp_path / "work"),
         ],
-        capture_output=True,
-        text=True,
         timeout=150,
     )
     assert p.returncode == 0, p.stdout + p.stderr
@@ -252,7 +267,7 @@ def test_smoke_few_slots_with_dsched_equal_and_uncapped(tmp_path, cgroup_v1_cpu)
     assert any(v > 0 for v in d["allocated_cores_mean_by_operator"].values())
     assert set(doc["ratios"]) == {"equal", "uncapped"}
     assert png.stat().st_size > 0 and png.with_name("live-allocation.png").stat().st_size > 0
-    assert not list(CPU.glob("dsched-live-*/testbed/wordcount"))
+    assert not reserved.exists()
     assert set(CONTENDERS) >= set(doc["contenders"])
     # The controller's log and state are in the workdir asked for, sockets are not.
     kept = tmp_path / "work" / "wordcount-regular-dsched"
@@ -606,11 +621,8 @@ def test_smoke_peers_drive_real_caps_side_by_side_with_dsched(tmp_path, cgroup_v
 
     out, png = tmp_path / "live.json", tmp_path / "live.png"
     names = ["dsched", *PEERS]
-    p = subprocess.run(
+    p, reserved = _bench_run(
         [
-            DSCHED,
-            "bench",
-            "live",
             "--scenario",
             "wordcount-regular",
             "--duration",
@@ -628,8 +640,6 @@ def test_smoke_peers_drive_real_caps_side_by_side_with_dsched(tmp_path, cgroup_v
             "--workdir",
             str(tmp_path / "work"),
         ],
-        capture_output=True,
-        text=True,
         timeout=900,
     )
     assert p.returncode == 0, p.stdout + p.stderr
@@ -659,7 +669,7 @@ def test_smoke_peers_drive_real_caps_side_by_side_with_dsched(tmp_path, cgroup_v
     # made-up window in test_cap_changes_count_each_instance_whose_cap_moved_inside_the_window).
     assert any(doc["contenders"][n]["cap_changes_per_instance_hour"] > 0 for n in ("ds2", "vpa"))
     assert png.with_name("live-pareto.png").stat().st_size > 0
-    assert not list(CPU.glob("dsched-live-*/testbed/wordcount"))
+    assert not reserved.exists()
 
 
 def test_dsched_headrooms_become_contenders_after_dsched():

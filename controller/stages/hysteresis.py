@@ -53,6 +53,10 @@ from dsched.ids import InstanceKey
 CAP_ROUNDINGS = ("margin", "nearest")
 
 
+def _unknown_rounding(rounding: str) -> ValueError:
+    return ValueError(f"rounding must be one of {', '.join(CAP_ROUNDINGS)}, got {rounding!r}")
+
+
 def quantize(demand_cores: float, theta: float, rounding: str = "margin") -> float:
     """``margin``: ceil((r + theta/2) / theta) * theta; ``nearest``: the nearest
     multiple of theta (halves up), at least theta. Computed so exact multiples
@@ -66,7 +70,7 @@ def quantize(demand_cores: float, theta: float, rounding: str = "margin") -> flo
     elif rounding == "nearest":
         steps = max(1, math.floor(round(demand_cores / theta + 0.5, 9)))
     else:
-        raise ValueError(f"rounding must be one of {', '.join(CAP_ROUNDINGS)}, got {rounding!r}")
+        raise _unknown_rounding(rounding)
     return round(steps * theta, 9)
 
 
@@ -172,7 +176,7 @@ def quantize_many(demand_cores: np.ndarray, theta: float, rounding: str = "margi
     elif rounding == "nearest":
         x, to_int = d / theta + 0.5, math.floor
     else:
-        raise ValueError(f"rounding must be one of {', '.join(CAP_ROUNDINGS)}, got {rounding!r}")
+        raise _unknown_rounding(rounding)
     steps = np.ceil(x) if to_int is math.ceil else np.floor(x)
     near = np.flatnonzero(np.abs(x - np.rint(x)) < 1e-6)
     if len(near):

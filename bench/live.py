@@ -540,6 +540,19 @@ class RunSettings:
     def node_cores(self) -> float:
         return self.capacity_cores / self.nodes
 
+    def dsched_config(self, scale: Scale) -> dict[str, Any]:
+        """The dsched contender's controller settings at these run settings
+        (before ``controller_options``)."""
+        return controller_config(
+            scale,
+            self.epoch_seconds,
+            theta_cores=self.theta_cores,
+            phi=self.phi,
+            nodes=self.nodes,
+            cap_rounding=self.cap_rounding,
+            hysteresis_band=self.hysteresis_band,
+        )
+
 
 def controller_config(
     scale: Scale,
@@ -690,15 +703,7 @@ def run_contender(
         policy = policy_of(name)
         headroom = headroom_of(name)
         if policy is not None:
-            ccfg = controller_config(
-                scn.scale,
-                settings.epoch_seconds,
-                theta_cores=settings.theta_cores,
-                phi=settings.phi,
-                nodes=settings.nodes,
-                cap_rounding=settings.cap_rounding,
-                hysteresis_band=settings.hysteresis_band,
-            )
+            ccfg = settings.dsched_config(scn.scale)
             if several:
                 # Bound before the controller starts (its config names the URL); the
                 # topology is attached once it runs.
@@ -1596,15 +1601,7 @@ def run(args: argparse.Namespace) -> int:
         "profile": profile_record(args, scn, settings.theta_cores),
         "nodes": {n: round(settings.node_cores, 5) for n in node_names(args.nodes)},
         "controller_config": {
-            **controller_config(
-                scn.scale,
-                args.epoch_seconds,
-                theta_cores=settings.theta_cores,
-                phi=args.phi,
-                nodes=args.nodes,
-                cap_rounding=settings.cap_rounding,
-                hysteresis_band=settings.hysteresis_band,
-            ),
+            **settings.dsched_config(scn.scale),
             **settings.controller_options,
         },
         "sizing": sizing(settings.controller_options),

@@ -5,8 +5,8 @@ A parent sends at most what it can process next slot times its selectivity
 process at most what its grant allows (``G_p / kappa_p`` tuples/s) and at most
 what reaches it (its own rate as bounded here, or what it processed over the
 window if that was more) plus its queue drained (its backlog-drain cores over
-``kappa_p``). A child sized for more -- its own forecast
-ran ahead of its parents', or the division cut its parents -- would hold CPU it
+``kappa_p``). A child sized for more -- its own forecast ran ahead of its
+parents', or the division cut its parents -- would hold CPU it
 cannot use while the operator that limits the chain waits for its own. In the
 decision records of the two-node live benchmark this was most of dsched's
 unused CPU: where the division cut WordCount, the source used 0.95 of its grant
@@ -109,8 +109,8 @@ def _sends(
     """What an operator can send next slot: at most what its grant processes
     (grant / kappa), and at most what reaches it (its rate, bounded by its own
     parents, or its rate over the window if more) plus its queue drained
-    (backlog cores / kappa), times its selectivity. None where its cost, selectivity or a grant is unknown (a held
-    instance's cap is not a grant)."""
+    (backlog cores / kappa), times its selectivity. None where its cost,
+    selectivity or a grant is unknown (a held instance's cap is not a grant)."""
     if fc is None or fc.selectivity is None or not fc.kappa > 0:
         return None
     if not view.instances or any(k not in alloc.cores for k in view.instances):

@@ -81,7 +81,8 @@ class _Collector(Collector):
         if lag is not None:
             yield GaugeMetricFamily(
                 "dsched_history_lag_seconds",
-                "Age of the newest history window readable by the controller",
+                "Age of the newest history window readable by the controller "
+                "(before the first window: of the first slot spooled)",
                 value=lag,
             )
         embedded = self.feed.embedded
@@ -112,6 +113,9 @@ class HistoryFeed:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsched-spool")
         self._lock = threading.Lock()
         self._pending = 0
+        # Stamp of the first slot this feed spooled: until the job writes its first
+        # window, the history trails the controller since then.
+        self._first_spooled: float | None = None
         if registry is not None:
             registry.register(_Collector(self))
 
@@ -150,10 +154,17 @@ class HistoryFeed:
         return out
 
     def lag_seconds(self) -> float | None:
+        """How far the readable history trails the wall clock: now minus the newest
+        window's end; before the first window, now minus the first slot this feed
+        spooled (a job that never writes a window then shows a growing lag, and
+        the lag alert fires). None while there is neither."""
         try:
-            return self._open_reader().lag_seconds()
+            lag = self._open_reader().lag_seconds()
         except (OSError, ValueError):
-            return None
+            lag = None
+        if lag is None and self._first_spooled is not None:
+            lag = max(0.0, time.time() - self._first_spooled)
+        return lag
 
     def _open_reader(self) -> HistoryReader:
         if self._reader is None:
@@ -175,6 +186,8 @@ class HistoryFeed:
         (:data:`spark_stream.schema.INSTANCE_FIELDS`, :data:`~spark_stream.schema.NODE_FIELDS`).
         """
         with self._lock:
+            if self._first_spooled is None:
+                self._first_spooled = now
             if self._pending >= self.config.max_pending_writes:
                 # The disk cannot keep up: drop this slot rather than queue
                 # without bound; the metric says so.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import threading
+import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -110,9 +111,34 @@ def test_spool_writes_on_a_background_thread_and_drops_when_writes_pile_up(tmp_p
     lines = [json.loads(line) for line in files[0].read_text().splitlines()]
     assert [line["kind"] for line in lines].count("instance") == len(H.slot_samples(0)[0])
     assert json.loads(lines[-2]["decision"]) == {"slot": 0}
+    before = time.time()
     status = feed.status()
-    assert status["spool_dropped"] == 1 and status["lag_seconds"] is None
+    # No window yet: the history trails since the first slot spooled.
+    assert status["spool_dropped"] == 1
+    assert before - H.T0 <= status["lag_seconds"] <= time.time() - H.T0
     assert status["spool_bytes"] == sum(f.stat().st_size for f in files)
     assert registry.get_sample_value("dsched_history_spool_dropped_total") == 1
     assert registry.get_sample_value("dsched_history_spool_files") == MAX_PENDING_WRITES
+    feed.stop()
+
+
+def test_lag_counts_from_the_first_slot_spooled_until_a_window_is_readable(tmp_path):
+    registry = CollectorRegistry()
+    feed = HistoryFeed(HistoryConfig.under(tmp_path), registry)
+    assert feed.lag_seconds() is None
+    assert registry.get_sample_value("dsched_history_lag_seconds") is None
+    first = time.time() - 30.0
+    for slot in range(3):
+        instances, nodes = H.slot_samples(slot)
+        feed.spool(slot + 1, first + H.SLOT_SECONDS * slot, instances, nodes, None)
+    assert feed.flush()
+    # The job has written nothing: the gauge exists and grows from the first slot.
+    lag = registry.get_sample_value("dsched_history_lag_seconds")
+    assert 30.0 <= lag <= time.time() - first
+    # Once a window is readable (the job's progress file names its end), its end
+    # decides, not the first slot.
+    end = time.time() - 5.0
+    feed.config.progress_path.parent.mkdir(parents=True, exist_ok=True)
+    feed.config.progress_path.write_text(json.dumps({"latest_window_end": end}))
+    assert 5.0 <= feed.lag_seconds() <= time.time() - end
     feed.stop()

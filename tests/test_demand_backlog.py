@@ -8,56 +8,31 @@ node is divided it crowds out the neighbours that do need CPU.
 
 from __future__ import annotations
 
-from collections import deque
 from types import SimpleNamespace
 
 import pytest
 
 from controller.config import ConfigError, ControllerConfig
 from controller.core import Controller
-from controller.model import InstanceHistory, InstanceKey, InstanceSlot, OperatorKey
+from controller.model import OperatorKey
 from controller.stages.demand import RateDemand, WithBacklogDrain, cpu_starved, instance_demands
 from controller.stages.evaluate import evaluate
 from controller.stages.forecast import OperatorForecast
 from dsched_pb import dsched_pb2 as pb
 from tests.test_controller_epoch import config
+from tests.view_support import one_operator_cluster
 
 OP = OperatorKey("app", "isp")
 QUEUE = 300.0
 KAPPA = 0.001
 
 
-def _cluster(usage_and_cap: list[tuple[float, float | None]], slots: int = 4) -> SimpleNamespace:
+def _cluster(usage_and_cap: list[tuple[float, float | None]]) -> SimpleNamespace:
     """One operator; instance i used ``usage_and_cap[i][0]`` cores of its cap
     ``usage_and_cap[i][1]`` in every 1-s slot, with ``QUEUE`` tuples waiting."""
-    histories = {}
-    for i, (usage, cap) in enumerate(usage_and_cap):
-        key = InstanceKey("app", "isp", i)
-        h = InstanceHistory(key, "n1", "w", True, (), deque(maxlen=8))
-        for s in range(slots):
-            h.add(
-                InstanceSlot(
-                    key=key,
-                    node="n1",
-                    worker="w",
-                    stateful=True,
-                    slot=s,
-                    timestamp=1000.0 + s,
-                    seconds=1.0,
-                    arrivals=100.0,
-                    executed=100.0,
-                    emitted=0.0,
-                    cpu_seconds=usage,
-                    queue_length=QUEUE,
-                    latency_sum_seconds=0.0,
-                    latency_count=0,
-                    service_seconds=usage,
-                    cap_cores=cap,
-                    throttled_seconds=0.0,
-                )
-            )
-        histories[key] = h
-    return SimpleNamespace(histories=histories)
+    return one_operator_cluster(
+        [{"arrivals": 100.0, "cpu": u, "cap": c, "queue": QUEUE} for u, c in usage_and_cap]
+    )
 
 
 def _forecast() -> OperatorForecast:

@@ -150,9 +150,6 @@ class Profile:
     # decisions per trace slot the forecast moves a cap every epoch; 0 is the
     # paper's rule, for a decision per slot.
     hysteresis_band: float = 0.25
-    # Drain a queue only where the instance used this share of its cap
-    # (``backlog_drain_min_usage``; 0 is the paper's rule, every queue).
-    backlog_drain_min_usage: float = 0.5
 
 
 # Settings a profile fixes: argparse destinations, each also a Profile field.
@@ -202,7 +199,6 @@ PROFILES = {
         node_paper_cores=6.0,
         cap_rounding="margin",
         hysteresis_band=0.0,
-        backlog_drain_min_usage=0.0,
     ),
 }
 
@@ -539,7 +535,6 @@ class RunSettings:
     phi: int | None = None
     cap_rounding: str = "nearest"
     hysteresis_band: float = 0.25
-    backlog_drain_min_usage: float = 0.5
 
     @property
     def node_cores(self) -> float:
@@ -556,7 +551,6 @@ class RunSettings:
             nodes=self.nodes,
             cap_rounding=self.cap_rounding,
             hysteresis_band=self.hysteresis_band,
-            backlog_drain_min_usage=self.backlog_drain_min_usage,
         )
 
 
@@ -569,18 +563,16 @@ def controller_config(
     nodes: int = 1,
     cap_rounding: str = "margin",
     hysteresis_band: float = 0.0,
-    backlog_drain_min_usage: float = 0.0,
 ) -> dict[str, Any]:
     """The dsched contender's controller settings.
 
     Fine cap granularity by default: with a dozen executors sharing two cores,
     theta = 0.1 core would round each cap up by more than its whole demand.
-    ``cap_rounding``, ``hysteresis_band`` and ``backlog_drain_min_usage`` default
-    to the paper's rule (up with a theta/2 margin, no dead band, every queue
-    drained); the default profile passes ``nearest`` (at theta = 0.005 the
-    margin holds about 0.06 core above a dozen grants), a band of a quarter of
-    the cap (four decisions per trace slot move every cap each epoch) and the
-    controller's own 0.5 (a hot key's queue that CPU does not drain).
+    ``cap_rounding`` and ``hysteresis_band`` default to the paper's rule (up
+    with a theta/2 margin, no dead band); the default profile passes
+    ``nearest`` (at theta = 0.005 the margin holds about 0.06 core above a dozen
+    grants) and a band of a quarter of the cap (four decisions per trace slot
+    move every cap each epoch).
     With several nodes the testbed's capacity is split evenly between them and
     the ``liu`` placement moves instances off a node that overloads."""
     trend_epochs = round(TREND_SECONDS / epoch_seconds)
@@ -588,7 +580,6 @@ def controller_config(
         "theta_cores": theta_cores,
         "cap_rounding": cap_rounding,
         "hysteresis_band": hysteresis_band,
-        "backlog_drain_min_usage": backlog_drain_min_usage,
         "min_cap_cores": 0.01,
         "headroom_cores": 0.05,
         # By default the trend looks back about one trace slot: long enough to see
@@ -1513,7 +1504,6 @@ def profile_record(args: argparse.Namespace, scn: Scenario, theta: float) -> dic
             "theta_cores": round(theta, 6),
             "cap_rounding": prof.cap_rounding,
             "hysteresis_band": prof.hysteresis_band,
-            "backlog_drain_min_usage": prof.backlog_drain_min_usage,
             "theta_paper_cores": round(theta / scn.scale.factor, 4),
             "phi": phi,
             "trend_seconds": round(phi * args.epoch_seconds, 3),
@@ -1560,7 +1550,6 @@ def run(args: argparse.Namespace) -> int:
         phi=args.phi,
         cap_rounding=PROFILES[args.profile].cap_rounding,
         hysteresis_band=PROFILES[args.profile].hysteresis_band,
-        backlog_drain_min_usage=PROFILES[args.profile].backlog_drain_min_usage,
     )
     console.print(
         f"bench live ({args.profile} profile): {scn.name}, {duration:g} s per contender, slot "

@@ -582,12 +582,6 @@ class ControllerConfig:
     min_cap_cores: float = 0.05
     # A queue built during a burst is drained within this many slots.
     backlog_drain_slots: float = 1.0
-    # The backlog drain goes only to an instance that used at least this share
-    # of the cap in force over the last slot: one that leaves more of its cap
-    # idle while its queue stands is held up by something other than CPU (a hot
-    # key behind a slow hop), and a drain term there only crowds out its
-    # neighbours when a node is divided. 0 drains every queue (the paper's rule).
-    backlog_drain_min_usage: float = 0.5
     # Strategy names (one interface per decision): `qos-dp` divides CPU by QoS
     # class with the dynamic program, `demand` grants demand and scales nodes down.
     allocator: str = "qos-dp"
@@ -771,13 +765,6 @@ class ControllerConfig:
         require(self.headroom_cores >= 0, "headroom_cores", "must be >= 0")
         require(self.min_cap_cores > 0, "min_cap_cores", "must be positive")
         require(self.backlog_drain_slots > 0, "backlog_drain_slots", "must be positive")
-        require(
-            not isinstance(self.backlog_drain_min_usage, bool)
-            and isinstance(self.backlog_drain_min_usage, int | float)
-            and 0.0 <= self.backlog_drain_min_usage <= 1.0,
-            "backlog_drain_min_usage",
-            "must be a share of the cap in [0, 1]",
-        )
         require(self.forget_after_slots >= 1, "forget_after_slots", "must be >= 1")
         from controller.edges.actuators import CAP_ACTUATORS
         from controller.peers import POLICIES

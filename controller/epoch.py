@@ -179,11 +179,7 @@ def build_estimator(
     if needs is not None:
         inner = WithLatencyTarget(inner, needs, config.max_instance_cores)
     return WithFloor(
-        WithBacklogDrain(
-            inner,
-            drain_seconds=config.backlog_drain_slots * config.slot_seconds,
-            min_usage=config.backlog_drain_min_usage,
-        ),
+        WithBacklogDrain(inner, drain_seconds=config.backlog_drain_slots * config.slot_seconds),
         floor_cores=config.min_cap_cores,
     )
 
@@ -274,7 +270,6 @@ def run_epoch(
         drain_seconds=cfg.backlog_drain_slots * cfg.slot_seconds,
         floor_cores=cfg.min_cap_cores,
         kappa_factor=interference.factors,
-        drain_min_usage=cfg.backlog_drain_min_usage,
     )
     models = (
         app_latency_models(

@@ -45,7 +45,6 @@ def _resolved(*flags: str) -> tuple[argparse.Namespace, dict]:
             nodes=args.nodes,
             cap_rounding=PROFILES[args.profile].cap_rounding,
             hysteresis_band=PROFILES[args.profile].hysteresis_band,
-            backlog_drain_min_usage=PROFILES[args.profile].backlog_drain_min_usage,
         ),
         "scale": scn.scale,
         "slots": len(scn.levels),
@@ -73,8 +72,6 @@ def test_seed001_profile_sets_the_papers_settings():
     assert c["cap_rounding"] == s["cap_rounding"] == "margin"
     # and the paper's hysteresis, a decision per slot with no dead band.
     assert c["hysteresis_band"] == s["hysteresis_band"] == 0.0
-    # and every queue drained, whether the instance used its cap or not.
-    assert c["backlog_drain_min_usage"] == s["backlog_drain_min_usage"] == 0.0
     # A backlog drains within one 10-s slot, as the paper's.
     assert c["backlog_drain_slots"] == 1
     assert c["placement"] == "liu" and c["node_capacity_cores"] == {"n1": 0.8, "n2": 0.8}
@@ -118,8 +115,6 @@ def test_default_profile_is_todays_behaviour():
     assert r["controller"]["cap_rounding"] == s["cap_rounding"] == "nearest"
     # and each cap holds through moves under a quarter of it (four decisions a slot).
     assert r["controller"]["hysteresis_band"] == s["hysteresis_band"] == 0.25
-    # A queue is drained where the instance used at least half its cap (the controller's default).
-    assert r["controller"]["backlog_drain_min_usage"] == s["backlog_drain_min_usage"] == 0.5
 
 
 def test_flags_given_override_the_profile():

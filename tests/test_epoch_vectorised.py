@@ -528,7 +528,6 @@ def test_instance_demands_equal_the_estimators(cluster, data):
         backlog_drain_slots=data.draw(st.sampled_from([0.5, 1.0, 3.0])),
         slot_seconds=10.0,
         min_cap_cores=data.draw(st.sampled_from([0.01, 0.05, 0.3])),
-        backlog_drain_min_usage=data.draw(st.sampled_from([0.0, 0.5, 0.9])),
     )
     estimator = build_estimator(cfg, needs)
     want = {}
@@ -541,7 +540,6 @@ def test_instance_demands_equal_the_estimators(cluster, data):
         cfg.max_instance_cores,
         cfg.backlog_drain_slots * cfg.slot_seconds,
         cfg.min_cap_cores,
-        drain_min_usage=cfg.backlog_drain_min_usage,
     )
     assert list(got) == list(want) and got == want
 

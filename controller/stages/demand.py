@@ -83,22 +83,12 @@ class RateDemand:
         }
 
 
-def cpu_starved(usage: float | None, cap: float | None, min_usage: float) -> bool:
-    """Whether an instance's queue waits for CPU: it used at least ``min_usage`` of
-    the cap in force over the last slot (or either is unknown). One that left
-    more of its cap idle while its queue stood is held up by something else, and
-    more cap would stand idle too."""
-    return usage is None or not cap or not usage < min_usage * cap
-
-
 @dataclass
 class WithBacklogDrain:
-    """Add the CPU that empties an instance's queue within ``drain_seconds``, where
-    the queue waits for CPU (:func:`cpu_starved` with ``min_usage``; 0: always)."""
+    """Add the CPU that empties an instance's queue within ``drain_seconds``."""
 
     inner: DemandEstimator
     drain_seconds: float
-    min_usage: float = 0.0
 
     def estimate(
         self, view: OperatorView, fc: OperatorForecast
@@ -106,11 +96,7 @@ class WithBacklogDrain:
         base = self.inner.estimate(view, fc)
         out = {}
         for k, d in base.items():
-            starved = cpu_starved(
-                view.usage_by_instance.get(k), view.cap_by_instance.get(k), self.min_usage
-            )
-            queue = view.queue_by_instance.get(k, 0.0) if starved else 0.0
-            extra = queue * fc.kappa / self.drain_seconds
+            extra = view.queue_by_instance.get(k, 0.0) * fc.kappa / self.drain_seconds
             out[k] = InstanceDemand(
                 k,
                 d.node,
@@ -152,12 +138,10 @@ def instance_demands(
     drain_seconds: float,
     floor_cores: float,
     kappa_factor: Mapping[InstanceKey, float] | None = None,
-    drain_min_usage: float = 0.0,
 ) -> dict[InstanceKey, InstanceDemand]:
     """Every instance's demand from ``WithFloor(WithBacklogDrain(WithLatencyTarget(
-    RateDemand(), needs, max_instance_cores), drain_seconds, drain_min_usage),
-    floor_cores)`` (without the latency layer when ``needs`` is None), over all
-    instances at once.
+    RateDemand(), needs, max_instance_cores), drain_seconds), floor_cores)`` (without
+    the latency layer when ``needs`` is None), over all instances at once.
 
     Each layer's arithmetic and comparisons are the estimators' own, in the same
     order, on arrays instead of one instance at a time, so demands and reasons
@@ -178,15 +162,7 @@ def instance_demands(
     keys = [k for v in ops for k in v.instances]
     nodes = [n for v in ops for n in map(v.nodes.__getitem__, v.instances)]
     queue = np.fromiter(
-        (
-            q
-            if cpu_starved(v.usage_by_instance.get(k), v.cap_by_instance.get(k), drain_min_usage)
-            else 0.0
-            for v in ops
-            for k, q in zip(
-                v.instances, map(v.queue_by_instance.get, v.instances, repeat(0.0)), strict=True
-            )
-        ),
+        chain.from_iterable(map(v.queue_by_instance.get, v.instances, repeat(0.0)) for v in ops),
         float,
         len(keys),
     )

@@ -174,3 +174,76 @@ def test_fit_quantized_caps_properties(rows, room):
             if fitted[k].cap < alloc[k] - 1e-9:
                 lighter = [j for j in on if weight_of[j] < weight_of[k]]
                 assert all(fitted[j].cap <= min(0.05, steps[j].cap) + 1e-9 for j in lighter)
+
+
+def test_room_a_node_has_left_goes_to_its_instances_unmet_demand():
+    # The HTTP monitor at its peak: one bronze app wants 2.0 cores of 1.5 usable,
+    # 1.4 of them on n2. The division's one ratio (0.75) would leave n1's
+    # instances at 0.45 of their 0.6 while n2 is cut to its 0.75: 0.3 core idle.
+    d = demands(
+        [("b", 0, "n1", 0.3), ("b", 1, "n1", 0.3), ("b", 2, "n2", 1.0), ("b", 3, "n2", 0.4)]
+    )
+    alloc = QosDpAllocator(headroom_cores=0.05, floor_cores=0.01, theta_cores=0.005).allocate(
+        d, {"n1": 0.8, "n2": 0.8}, {"b": BRONZE}
+    )
+    assert alloc.cores[InstanceKey("b", "op", 0)] == pytest.approx(0.3)
+    assert alloc.cores[InstanceKey("b", "op", 1)] == pytest.approx(0.3)
+    assert alloc.cores[InstanceKey("b", "op", 2)] + alloc.cores[
+        InstanceKey("b", "op", 3)
+    ] == pytest.approx(0.75)
+    assert alloc.apps["b"].allocated_cores == pytest.approx(1.35)
+    assert not {InstanceKey("b", "op", 0), InstanceKey("b", "op", 1)} & set(alloc.cut)
+    assert any("node n1: 0.15 cores of room" in n for n in alloc.notes)
+    # n2's cuts say the node was full, not only the division.
+    assert all("node n2 full" in alloc.cut_reason[InstanceKey("b", "op", i)] for i in (2, 3))
+
+
+def test_a_nodes_room_goes_to_the_heaviest_class_first():
+    from controller.stages.allocation import fill_nodes
+
+    out, given = fill_nodes(
+        np.array([0.1, 0.1, 0.1, 0.5]),
+        np.array([0.4, 0.5, 0.3, 0.5]),
+        np.array([0, 0, 0, 1]),
+        np.array([1.0, 8.0, 8.0, 1.0]),
+        np.array([0.7, 0.5]),
+    )
+    # Node 0 has 0.4 spare: gold's 0.6 still wanted gets it (0.4 x 2/3, 0.4 x 1/3),
+    # bronze nothing; node 1 is full.
+    assert out == pytest.approx([0.1, 0.1 + 0.4 * 0.4 / 0.6, 0.1 + 0.2 * 0.4 / 0.6, 0.5])
+    assert given == pytest.approx([0.4, 0.0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["n1", "n2", "n3"]),
+            st.floats(0.0, 1.5),
+            st.sampled_from(["g", "s", "b", "b2"]),
+        ),
+        min_size=1,
+        max_size=16,
+    ),
+    room=st.floats(0.2, 2.0),
+)
+def test_the_division_is_work_conserving_per_node(rows, room):
+    """No node keeps room while one of its instances wants more, no node goes over
+    its room, and no instance gets more than its demand (or the floor)."""
+    spec = [(app, i, n, cores) for i, (n, cores, app) in enumerate(rows)]
+    d = demands(spec)
+    classes = {"g": GOLD, "s": SILVER, "b": BRONZE, "b2": BRONZE}
+    alloc = QosDpAllocator(headroom_cores=0.0, floor_cores=0.02, theta_cores=0.01).allocate(
+        d, dict.fromkeys(("n1", "n2", "n3"), room), classes
+    )
+    for n in ("n1", "n2", "n3"):
+        on = [k for k, v in d.items() if v.node == n]
+        if not on:
+            continue
+        total = sum(alloc.cores[k] for k in on)
+        floors = sum(min(0.02, d[k].cores) for k in on)
+        if floors <= room:
+            assert total <= room + 1e-6
+        assert all(alloc.cores[k] <= max(d[k].cores, 0.02) + 1e-9 for k in on)
+        if total < room - 1e-6:
+            assert all(alloc.cores[k] >= d[k].cores - 1e-6 for k in on), (n, total, room)

@@ -14,7 +14,9 @@ the QoS-weighted dynamic program).
   configured node cost.
 * :class:`QosDpAllocator` -- the allocator named ``qos-dp``: floors first, the DP
   over what remains, units to instances in proportion to demand, then
-  anti-saturation per node (:func:`fit_nodes`) cutting the lowest class first.
+  anti-saturation per node (:func:`fit_nodes`) cutting the lowest class first,
+  and a node's room that is left to its instances' unmet demand
+  (:func:`fill_nodes`), the heaviest class first.
 
 The tie rule of the DP: among allocations with the optimal value (within a
 relative 1e-9), the one that is lexicographically greatest in the order the
@@ -389,6 +391,39 @@ def fit_nodes(
     return out, overflow
 
 
+def fill_nodes(
+    alloc: np.ndarray,
+    demand: np.ndarray,
+    node: np.ndarray,
+    weight: np.ndarray,
+    room: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Give each node's room left after :func:`fit_nodes` to its instances' unmet
+    demand, the heaviest class first (in proportion to what each still wants
+    within a class). Returns (new allocation, cores given per node).
+
+    The division shares the cluster's CPU out in one ratio per class; a node
+    whose instances then exceed its room is cut, and that CPU would stand idle
+    on a node whose instances were cut by the same ratio but still fit."""
+    out = alloc.copy()
+    spare = room - np.bincount(node, weights=out, minlength=len(room))
+    given = np.zeros(len(room))
+    want = np.maximum(demand - out, 0.0)
+    for n in np.flatnonzero(spare > 1e-12):
+        on = np.flatnonzero((node == n) & (want > 1e-12))
+        left = spare[n]
+        for w in np.unique(weight[on])[::-1]:  # heaviest class first
+            grp = on[weight[on] == w]
+            total = want[grp].sum()
+            take = min(left, total)
+            out[grp] += want[grp] * (take / total)
+            left -= take
+            if left <= 1e-12:
+                break
+        given[n] = spare[n] - left
+    return out, given
+
+
 @dataclass
 class QosDpAllocator:
     """``qos-dp``: floors, the QoS-weighted DP, proportional shares, anti-saturation."""
@@ -454,6 +489,7 @@ class QosDpAllocator:
         alloc = t.floor + extra * ratio[t.app]
         inst_weight = app_weight[t.app]
         fitted, overflow = fit_nodes(alloc, t.node, inst_weight, t.floor, room)
+        fitted, refilled = fill_nodes(fitted, t.demand, t.node, inst_weight, room)
 
         result = QosAllocation(
             cores=dict(zip(t.keys, fitted.tolist(), strict=True)),
@@ -467,13 +503,16 @@ class QosDpAllocator:
         cut = np.flatnonzero(short > 1e-9)
         cut_keys = [t.keys[i] for i in cut.tolist()]
         result.cut = dict(zip(cut_keys, short[cut].tolist(), strict=True))
+        # What the division kept back and what the node took (less any refill).
+        short_dp = np.maximum(t.demand - np.maximum(alloc, fitted), 0.0)
+        short_node = np.maximum(alloc - fitted, 0.0)
         result.cut_reason = dict(
             zip(
                 cut_keys,
                 map(
                     _cut_reason,
-                    (t.demand - alloc)[cut].tolist(),
-                    (alloc - fitted)[cut].tolist(),
+                    short_dp[cut].tolist(),
+                    short_node[cut].tolist(),
                     map(t.nodes.__getitem__, t.node[cut].tolist()),
                 ),
                 strict=True,
@@ -499,6 +538,11 @@ class QosDpAllocator:
             )
         for n, o in result.overflow.items():
             result.notes.append(f"node {n}: {o:.2f} cores over capacity - headroom; cut by class")
+        for n in np.flatnonzero(refilled > 1e-9).tolist():
+            result.notes.append(
+                f"node {t.nodes[n]}: {refilled[n]:.2f} cores of room left by the division "
+                "given to its instances' unmet demand"
+            )
         return result
 
     def _values(self, app, extra, qos, unit, latency_models) -> np.ndarray:

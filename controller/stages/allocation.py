@@ -409,8 +409,12 @@ def fill_nodes(
     spare = room - np.bincount(node, weights=out, minlength=len(room))
     given = np.zeros(len(room))
     want = np.maximum(demand - out, 0.0)
-    for n in np.flatnonzero(spare > 1e-12):
-        on = np.flatnonzero((node == n) & (want > 1e-12))
+    # The instances that want more, by node, found once (most epochs: none).
+    needy = np.flatnonzero(want > 1e-12)
+    needy = needy[np.argsort(node[needy], kind="stable")]
+    bounds = np.searchsorted(node[needy], np.arange(len(room) + 1))
+    for n in np.flatnonzero((spare > 1e-12) & (bounds[1:] > bounds[:-1])):
+        on = needy[bounds[n] : bounds[n + 1]]
         left = spare[n]
         for w in np.unique(weight[on])[::-1]:  # heaviest class first
             grp = on[weight[on] == w]

@@ -135,19 +135,19 @@ def test_latency_valued_allocator_prefers_gold():
     assert gold + bronze == pytest.approx(0.7) and gold > bronze
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    rows=st.lists(
+def rows_on_three_nodes(most_cores: float, tags: list, max_size: int):
+    """(node, cores, tag) rows over nodes n1..n3."""
+    return st.lists(
         st.tuples(
-            st.sampled_from(["n1", "n2", "n3"]),
-            st.floats(0.0, 1.0),
-            st.sampled_from([1.0, 3.0, 8.0]),
+            st.sampled_from(["n1", "n2", "n3"]), st.floats(0.0, most_cores), st.sampled_from(tags)
         ),
         min_size=1,
-        max_size=12,
-    ),
-    room=st.floats(0.2, 3.0),
-)
+        max_size=max_size,
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=rows_on_three_nodes(1.0, [1.0, 3.0, 8.0], 12), room=st.floats(0.2, 3.0))
 def test_fit_quantized_caps_properties(rows, room):
     keys = [InstanceKey(f"a{w:g}", "op", i) for i, (_, _, w) in enumerate(rows)]
     memory = {k: hysteresis.HysteresisState() for k in keys}
@@ -215,18 +215,7 @@ def test_a_nodes_room_goes_to_the_heaviest_class_first():
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    rows=st.lists(
-        st.tuples(
-            st.sampled_from(["n1", "n2", "n3"]),
-            st.floats(0.0, 1.5),
-            st.sampled_from(["g", "s", "b", "b2"]),
-        ),
-        min_size=1,
-        max_size=16,
-    ),
-    room=st.floats(0.2, 2.0),
-)
+@given(rows=rows_on_three_nodes(1.5, ["g", "s", "b", "b2"], 16), room=st.floats(0.2, 2.0))
 def test_the_division_is_work_conserving_per_node(rows, room):
     """No node keeps room while one of its instances wants more, no node goes over
     its room, and no instance gets more than its demand (or the floor)."""

@@ -8,22 +8,49 @@ evenly would starve the busiest instance and give CPU to one no key reaches.
 
 from __future__ import annotations
 
+from collections import deque
 from types import SimpleNamespace
 
 import pytest
 
-from controller.model import InstanceKey, OperatorKey
+from controller.model import InstanceHistory, InstanceKey, InstanceSlot, OperatorKey
 from controller.stages.demand import RateDemand, WithLatencyTarget, instance_demands
 from controller.stages.evaluate import evaluate
 from controller.stages.forecast import OperatorForecast
-from tests.view_support import one_operator_cluster
 
 OP = OperatorKey("app", "isp")
 
 
-def _cluster(arrivals_per_instance: list[float]) -> SimpleNamespace:
+def _cluster(arrivals_per_instance: list[float], slots: int = 4) -> SimpleNamespace:
     """One operator whose instance i receives ``arrivals_per_instance[i]`` tuples per 1-s slot."""
-    return one_operator_cluster([{"arrivals": a} for a in arrivals_per_instance])
+    histories = {}
+    for i, arrivals in enumerate(arrivals_per_instance):
+        key = InstanceKey("app", "isp", i)
+        h = InstanceHistory(key, "n1", "w", True, (), deque(maxlen=8))
+        for s in range(slots):
+            h.add(
+                InstanceSlot(
+                    key=key,
+                    node="n1",
+                    worker="w",
+                    stateful=True,
+                    slot=s,
+                    timestamp=1000.0 + s,
+                    seconds=1.0,
+                    arrivals=arrivals,
+                    executed=arrivals,
+                    emitted=0.0,
+                    cpu_seconds=arrivals * 0.001,
+                    queue_length=0.0,
+                    latency_sum_seconds=0.0,
+                    latency_count=0,
+                    service_seconds=arrivals * 0.001,
+                    cap_cores=0.5,
+                    throttled_seconds=0.0,
+                )
+            )
+        histories[key] = h
+    return SimpleNamespace(histories=histories)
 
 
 def _forecast(rate: float) -> OperatorForecast:

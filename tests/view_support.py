@@ -1,17 +1,14 @@
 """Operator views for tests of the stages that read them (no controller needed).
 
-from tests.view_support import operator_view, one_operator_cluster
+from tests.view_support import operator_view
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
-from types import SimpleNamespace
 
 import numpy as np
 
-from controller.model import InstanceHistory, InstanceSlot
 from controller.stages.evaluate import OperatorView
 from dsched.ids import InstanceKey, OperatorKey
 
@@ -53,46 +50,3 @@ def operator_view(
         service_ms=None,
         last_timestamp=last_timestamp,
     )
-
-
-ISP = OperatorKey("app", "isp")
-
-
-def one_operator_cluster(
-    instances: Sequence[dict], slots: int = 4, key: OperatorKey = ISP
-) -> SimpleNamespace:
-    """What :func:`controller.stages.evaluate.evaluate` reads for one stateful
-    operator on node ``n1``: instance i reports the same 1-s slot ``slots`` times,
-    with ``instances[i]``'s ``arrivals`` (tuples/s, all executed), ``cpu`` (CPU
-    seconds; default 1 ms per arrival), ``queue`` (default 0) and ``cap`` (cores,
-    default 0.5; None: uncapped)."""
-    histories = {}
-    for i, spec in enumerate(instances):
-        arrivals = spec.get("arrivals", 0.0)
-        cpu = spec.get("cpu", arrivals * 0.001)
-        ik = InstanceKey(key.app, key.operator, i)
-        h = InstanceHistory(ik, "n1", "w", True, (), deque(maxlen=8))
-        for s in range(slots):
-            h.add(
-                InstanceSlot(
-                    key=ik,
-                    node="n1",
-                    worker="w",
-                    stateful=True,
-                    slot=s,
-                    timestamp=1000.0 + s,
-                    seconds=1.0,
-                    arrivals=arrivals,
-                    executed=arrivals,
-                    emitted=0.0,
-                    cpu_seconds=cpu,
-                    queue_length=spec.get("queue", 0.0),
-                    latency_sum_seconds=0.0,
-                    latency_count=0,
-                    service_seconds=cpu,
-                    cap_cores=spec.get("cap", 0.5),
-                    throttled_seconds=0.0,
-                )
-            )
-        histories[ik] = h
-    return SimpleNamespace(histories=histories)

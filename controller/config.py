@@ -556,6 +556,13 @@ class ControllerConfig:
     # and given to nobody. `off`: grants are the division's (docs/controller.md,
     # "Flow bound").
     flow_bound: str = "on"
+    # `on`: a class sized at forecast_quantile 0.5 gets the median of next slot's
+    # arrivals, the point forecast plus the median of its own last one-step
+    # errors (once it has 10). The point forecast is the max of the predictors,
+    # which over-forecasts by design; sized as it is, a bronze operator downstream
+    # of the DAG asked for 1.1-1.4x the arrivals that came (docs/prediction.md,
+    # "Forecast intervals"). `off`: the point forecast itself.
+    forecast_median: str = "on"
     # Cap granularity in cores (theta of the hysteresis).
     theta_cores: float = 0.1
     # How a grant becomes a multiple of theta. `margin` (the paper's): up, with
@@ -786,6 +793,11 @@ class ControllerConfig:
             self.cap_rounding in CAP_ROUNDINGS,
             "cap_rounding",
             f"must be one of {', '.join(CAP_ROUNDINGS)}",
+        )
+        require(
+            self.forecast_median in ("on", "off"),
+            "forecast_median",
+            "must be one of on, off",
         )
         require(
             self.kappa_estimator in COST_STRATEGIES,

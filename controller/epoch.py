@@ -222,6 +222,7 @@ def run_epoch(
         fc.forecasts,
         {k: classes[k.app].forecast_quantile for k in fc.forecasts if k.app in classes},
         memory.forecast_bank,
+        median=cfg.forecast_median == "on",
     )
     budgets = latency_budgets(views, forecasts, {a: c.target_seconds for a, c in classes.items()})
     by_quantile = cfg.latency_criterion == "quantile"

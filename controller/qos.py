@@ -36,8 +36,9 @@ class QosClass:
     max_violation_ratio: float = 0.1
     # Importance in the DP when CPU is short.
     weight: float = 1.0
-    # Quantile of next slot's arrivals demand is sized for (0.5: the point forecast;
-    # higher: the forecast plus a conformal margin from its own recent errors).
+    # Quantile of next slot's arrivals demand is sized for (0.5: the median, the point
+    # forecast corrected by its own recent errors with forecast_median on; higher: the
+    # forecast plus a conformal margin from those errors).
     forecast_quantile: float = 0.5
 
     @property
@@ -67,7 +68,7 @@ class QosClass:
 def default_qos_classes() -> dict[str, QosClass]:
     return {
         # Demand is sized above the point forecast where violations cost most: the
-        # forecast's 0.9 quantile for gold, 0.75 for silver, the point for bronze.
+        # forecast's 0.9 quantile for gold, 0.75 for silver, the median for bronze.
         "gold": QosClass("gold", 100.0, 0.01, 8.0, forecast_quantile=0.9),
         "silver": QosClass("silver", 500.0, 0.10, 3.0, forecast_quantile=0.75),
         "bronze": QosClass("bronze", 2000.0, 0.50, 1.0),

@@ -163,7 +163,9 @@ class ConformalBank:
     * ``update(keys, actual, predicted)`` -- score the forecasts issued last time
       against what arrived, move the adaptive levels, then store the scores;
     * ``bound(keys, points, quantile)`` -- the quantile bound of the next slot,
-      ``upper`` / ``interval`` the usual shorthands.
+      ``upper`` / ``interval`` the usual shorthands;
+    * ``median(keys, points)`` -- the median of the next slot, either side of the
+      point forecast.
 
     With ``adaptive=True`` a requested quantile that is one of ``levels`` uses its
     adaptive effective level; any other quantile uses the plain conformal level.
@@ -353,6 +355,23 @@ class ConformalBank:
         if np.any(q < 0.5):
             raise ValueError(f"quantile of an upper bound must be >= 0.5, got {quantile!r}")
         return self.bound(keys, points, quantile, floor)
+
+    def median(self, keys: Sequence[Hashable], points, floor: float | None = 0.0) -> np.ndarray:
+        """The median of next slot's value per key: the point forecast plus the median
+        of the key's own scores, on either side of the point (a forecaster that
+        overshoots more often than not is brought down). A cold key (fewer than
+        ``min_scores`` scores) keeps its point forecast: a handful of errors is no
+        median to move a forecast by."""
+        keys, (p,) = self._arrays(keys, points, names=("points",))
+        rows = self._rows(keys, create=False)
+        warm = (rows >= 0) & (self._count[np.maximum(rows, 0)] >= self.min_scores)
+        offset = np.zeros(len(keys))
+        if warm.any():
+            r = rows[warm]
+            srt = np.sort(self._scores[r], axis=1)
+            offset[warm] = _offset_sorted(srt, self._count[r], np.full(r.size, 0.5))
+        out = p + offset
+        return out if floor is None else np.maximum(out, floor)
 
     def interval(self, keys: Sequence[Hashable], points, coverage=0.9, floor=0.0):
         """Central interval ``(lower, upper)`` covering ``coverage`` per key."""

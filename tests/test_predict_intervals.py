@@ -339,3 +339,26 @@ def test_bad_input_raises_clear_errors():
         conformal_offset([1.0, math.inf], 0.9)
     with pytest.raises(ValueError, match="same"):
         conformal_replay([1.0, 2.0], [1.0], 0.9)
+
+
+def test_the_banks_median_moves_a_warm_forecast_either_way_and_leaves_a_cold_one():
+    bank = ConformalBank(levels=[0.9], min_scores=10)
+    over, under, cold = "over", "under", "cold"
+    rng = np.random.default_rng(4)
+    for _ in range(30):
+        # "over" arrives 20 below its forecast more often than not, "under" 15 above.
+        bank.update([over, under], [80.0 + rng.normal(0, 5), 115.0 + rng.normal(0, 5)], 100.0)
+    for _ in range(9):
+        bank.update([cold], 50.0, 100.0)
+    got = bank.median([over, under, cold, "unknown"], [100.0, 100.0, 100.0, 7.0])
+    assert got[0] == pytest.approx(100.0 + conformal_offset(bank.scores(over), 0.5))
+    assert got[0] < 100.0 < got[1]
+    assert got[1] == pytest.approx(100.0 + conformal_offset(bank.scores(under), 0.5))
+    assert got[2] == 100.0  # nine errors: no median yet
+    assert got[3] == 7.0
+    # The median of the scores, not their mean: one huge miss does not move it.
+    bank.update([over], 1e6, 100.0)
+    assert bank.median([over], 100.0)[0] == pytest.approx(got[0], abs=1.0)
+    # Arrival rates are never negative, unless asked.
+    assert bank.median([over], 5.0)[0] == 0.0
+    assert bank.median([over], 5.0, floor=None)[0] < 0.0

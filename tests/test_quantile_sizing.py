@@ -16,7 +16,7 @@ from controller.stages.evaluate import evaluate
 from controller.stages.forecast import OperatorForecast, size_forecasts
 from dsched.config import ConfigError, from_dict
 from dsched.ids import OperatorKey
-from predict.intervals import ConformalBank
+from predict.intervals import ConformalBank, conformal_offset
 from tests.test_controller_epoch import SyntheticNode
 from tests.test_controller_epoch import config as epoch_config
 
@@ -81,8 +81,68 @@ def test_sized_rates_rise_with_the_quantile_and_never_fall_below_the_point():
         assert sized[0.99][k].quantile == 0.99 and sized[0.99][k].rate == fcs[k].rate
 
 
+def test_with_the_median_a_half_quantile_is_the_point_plus_the_median_error():
+    fcs = forecasts({"x": 100.0, "y": 50.0, "z": 80.0})
+    x, y, z = fcs
+    bank = ConformalBank(levels=[0.9])
+    for i in range(12):
+        bank.update([x, y], [100.0 - 20.0 - i % 3, 50.0 + 5.0], [100.0, 50.0])
+    bank.update([z], 0.0, 80.0)  # one error: cold
+    halves = dict.fromkeys(fcs, 0.5)
+    sized = size_forecasts(fcs, halves, bank, median=True)
+    assert sized[x].demand_rate == 100.0 + conformal_offset(bank.scores(x), 0.5) == 79.0
+    assert sized[y].demand_rate == 55.0 and sized[y].quantile == 0.5
+    assert sized[z].demand_rate == 80.0
+    # Off, or a class above the median: as before.
+    assert all(f.demand_rate == f.rate for f in size_forecasts(fcs, halves, bank).values())
+    upper = size_forecasts(fcs, {x: 0.9, y: 0.5, z: 0.5}, bank, median=True)
+    assert upper[x].demand_rate == bank.upper([x], 100.0, 0.9)[0] == 100.0  # never below
+    assert upper[y].demand_rate == 55.0
+
+
+def median_run(tmp_path, median: str, epochs: int = 60) -> list[dict]:
+    """A bronze app whose arrivals are drawn afresh each slot, forecast by the max
+    of the trend and the last slot: a rule that over-forecasts by design."""
+    cfg = epoch_config(
+        tmp_path / median,
+        node_capacity_cores={"n1": 8.0},
+        predictors=["linear_trend", "last_value", "dag"],
+        forecast_median=median,
+    )
+    clock = [1_000_000.0]
+    c = Controller(cfg, clock=lambda: clock[0])
+    node = SyntheticNode(c, cores=8.0)
+    rng = np.random.default_rng(5)
+    records = []
+    for _ in range(epochs):
+        clock[0] += 1.0
+        node.report(clock[0], {"wc": float(rng.uniform(100, 400))})
+        records.append(c.run_epoch())
+    c.stop()
+    return [r for r in records if r["operators"]]
+
+
+def test_the_median_brings_an_over_forecast_back_to_half_the_slots(tmp_path):
+    def split(rows, field):
+        return np.array([next(o[field] for o in row if o["operator"] == "split") for row in rows])
+
+    share, sized_mean = {}, {}
+    for median in ("on", "off"):
+        records = median_run(tmp_path, median)
+        sizing = [r["sizing"]["operators"] for r in records]
+        sized, point = split(sizing, "sized_rate"), split(sizing, "point_rate")
+        arrived = split([r["operators"] for r in records], "arrival_rate")
+        # Ten errors before the median moves anything.
+        np.testing.assert_array_equal(sized[:10], point[:10])
+        warm = slice(15, -1)
+        share[median] = float(np.mean(arrived[16:] > sized[warm]))
+        sized_mean[median] = float(np.mean(sized[warm] / point[warm]))
+    assert share["off"] < 0.45 and 0.45 <= share["on"] <= 0.6
+    assert sized_mean["off"] == 1.0 and sized_mean["on"] < 0.95
+
+
 # ------------------------------------------------------------------ the controller
-def gold_run(tmp_path, quantile: float, epochs: int = 14):
+def gold_run(tmp_path, quantile: float, epochs: int = 14, **settings):
     classes = {
         "gold": QosClass("gold", 100.0, 0.01, 8.0, quantile),
         "bronze": QosClass("bronze", 2000.0, 0.5, 1.0, 0.5),
@@ -91,6 +151,7 @@ def gold_run(tmp_path, quantile: float, epochs: int = 14):
         tmp_path / f"q{quantile}",
         node_capacity_cores={"n1": 8.0},
         qos=QosConfig(default_class="bronze", classes=classes),
+        **settings,
     )
     clock = [1_000_000.0]
     c = Controller(cfg, clock=lambda: clock[0])
@@ -108,7 +169,8 @@ def gold_run(tmp_path, quantile: float, epochs: int = 14):
 def test_a_gold_apps_demand_rises_with_its_forecast_quantile(tmp_path):
     demand = {}
     for q in (0.5, 0.9, 0.99):
-        c, records = gold_run(tmp_path, q)
+        # Without the median a 0.5 quantile is the point forecast itself.
+        c, records = gold_run(tmp_path, q, forecast_median="off")
         rec = records[-1]
         demand[q] = next(a["demand_cores"] for a in rec["apps"] if a["app"] == "gold-wc")
         sizing = [o for o in rec["sizing"]["operators"] if o["app"] == "gold-wc"]

@@ -293,22 +293,31 @@ def size_forecasts(
     forecasts: Mapping[OperatorKey, OperatorForecast],
     quantiles: Mapping[OperatorKey, float],
     bank: ConformalBank | None,
+    median: bool = False,
 ) -> dict[OperatorKey, OperatorForecast]:
     """Each forecast with the rate its demand is sized for: the ``quantiles[key]``
     quantile of next slot's arrivals, the point forecast plus the conformal offset
     of the operator's own recent one-step errors (``bank``, read only; see
-    docs/prediction.md, "Forecast intervals"). A quantile of 0.5, a missing one, no
-    bank or an operator without errors yet: the point forecast. One bank call for
-    every operator sized above its point forecast."""
+    docs/prediction.md, "Forecast intervals"). Above 0.5 the rate is never below the
+    point forecast. At 0.5 (or a missing quantile) it is, with ``median``, the point
+    plus the median of those errors, on either side of the point, and without it the
+    point forecast. No bank or an operator without errors yet: the point forecast.
+    One bank call for the operators sized above their point forecast, one for the
+    medians."""
     out = dict(forecasts)
-    keys = [k for k in forecasts if quantiles.get(k, 0.5) > 0.5]
-    if not keys:
-        return out
-    q = np.fromiter((quantiles[k] for k in keys), float, len(keys))
-    points = np.fromiter((forecasts[k].rate for k in keys), float, len(keys))
-    sized = bank.upper(keys, points, q) if bank is not None and len(bank) else points
-    for k, quantile, rate in zip(keys, q.tolist(), sized.tolist(), strict=True):
-        out[k] = replace(forecasts[k], sized_rate=rate, quantile=quantile)
+    ready = bank is not None and len(bank) > 0
+    upper = [k for k in forecasts if quantiles.get(k, 0.5) > 0.5]
+    if upper:
+        q = np.fromiter((quantiles[k] for k in upper), float, len(upper))
+        points = np.fromiter((forecasts[k].rate for k in upper), float, len(upper))
+        sized = bank.upper(upper, points, q) if ready else points
+        for k, quantile, rate in zip(upper, q.tolist(), sized.tolist(), strict=True):
+            out[k] = replace(forecasts[k], sized_rate=rate, quantile=quantile)
+    middle = [k for k in forecasts if quantiles.get(k, 0.5) == 0.5] if median and ready else []
+    if middle:
+        points = np.fromiter((forecasts[k].rate for k in middle), float, len(middle))
+        for k, rate in zip(middle, bank.median(middle, points).tolist(), strict=True):
+            out[k] = replace(forecasts[k], sized_rate=rate, quantile=0.5)
     return out
 
 

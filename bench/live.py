@@ -150,6 +150,10 @@ class Profile:
     # decisions per trace slot the forecast moves a cap every epoch; 0 is the
     # paper's rule, for a decision per slot.
     hysteresis_band: float = 0.25
+    # Bronze sized for the median of next slot's arrivals (``forecast_median``):
+    # the max rule's point forecast asks for more than a class that tolerates half
+    # its tuples late needs; "off" is the paper's point forecast.
+    forecast_median: str = "on"
 
 
 # Settings a profile fixes: argparse destinations, each also a Profile field.
@@ -199,6 +203,7 @@ PROFILES = {
         node_paper_cores=6.0,
         cap_rounding="margin",
         hysteresis_band=0.0,
+        forecast_median="off",
     ),
 }
 
@@ -535,6 +540,7 @@ class RunSettings:
     phi: int | None = None
     cap_rounding: str = "nearest"
     hysteresis_band: float = 0.25
+    forecast_median: str = "on"
 
     @property
     def node_cores(self) -> float:
@@ -551,6 +557,7 @@ class RunSettings:
             nodes=self.nodes,
             cap_rounding=self.cap_rounding,
             hysteresis_band=self.hysteresis_band,
+            forecast_median=self.forecast_median,
         )
 
 
@@ -563,6 +570,7 @@ def controller_config(
     nodes: int = 1,
     cap_rounding: str = "margin",
     hysteresis_band: float = 0.0,
+    forecast_median: str = "off",
 ) -> dict[str, Any]:
     """The dsched contender's controller settings.
 
@@ -572,7 +580,8 @@ def controller_config(
     with a theta/2 margin, no dead band); the default profile passes
     ``nearest`` (at theta = 0.005 the margin holds about 0.06 core above a dozen
     grants) and a band of a quarter of the cap (four decisions per trace slot
-    move every cap each epoch).
+    move every cap each epoch). ``forecast_median`` defaults to the paper's point
+    forecast too; the default profile sizes bronze for the median.
     With several nodes the testbed's capacity is split evenly between them and
     the ``liu`` placement moves instances off a node that overloads."""
     trend_epochs = round(TREND_SECONDS / epoch_seconds)
@@ -580,6 +589,7 @@ def controller_config(
         "theta_cores": theta_cores,
         "cap_rounding": cap_rounding,
         "hysteresis_band": hysteresis_band,
+        "forecast_median": forecast_median,
         "min_cap_cores": 0.01,
         "headroom_cores": 0.05,
         # By default the trend looks back about one trace slot: long enough to see
@@ -1504,6 +1514,7 @@ def profile_record(args: argparse.Namespace, scn: Scenario, theta: float) -> dic
             "theta_cores": round(theta, 6),
             "cap_rounding": prof.cap_rounding,
             "hysteresis_band": prof.hysteresis_band,
+            "forecast_median": prof.forecast_median,
             "theta_paper_cores": round(theta / scn.scale.factor, 4),
             "phi": phi,
             "trend_seconds": round(phi * args.epoch_seconds, 3),
@@ -1550,6 +1561,7 @@ def run(args: argparse.Namespace) -> int:
         phi=args.phi,
         cap_rounding=PROFILES[args.profile].cap_rounding,
         hysteresis_band=PROFILES[args.profile].hysteresis_band,
+        forecast_median=PROFILES[args.profile].forecast_median,
     )
     console.print(
         f"bench live ({args.profile} profile): {scn.name}, {duration:g} s per contender, slot "

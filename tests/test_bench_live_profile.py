@@ -45,6 +45,7 @@ def _resolved(*flags: str) -> tuple[argparse.Namespace, dict]:
             nodes=args.nodes,
             cap_rounding=PROFILES[args.profile].cap_rounding,
             hysteresis_band=PROFILES[args.profile].hysteresis_band,
+            forecast_median=PROFILES[args.profile].forecast_median,
         ),
         "scale": scn.scale,
         "slots": len(scn.levels),
@@ -72,6 +73,8 @@ def test_seed001_profile_sets_the_papers_settings():
     assert c["cap_rounding"] == s["cap_rounding"] == "margin"
     # and the paper's hysteresis, a decision per slot with no dead band.
     assert c["hysteresis_band"] == s["hysteresis_band"] == 0.0
+    # and its point forecast.
+    assert c["forecast_median"] == s["forecast_median"] == "off"
     # A backlog drains within one 10-s slot, as the paper's.
     assert c["backlog_drain_slots"] == 1
     assert c["placement"] == "liu" and c["node_capacity_cores"] == {"n1": 0.8, "n2": 0.8}
@@ -115,6 +118,8 @@ def test_default_profile_is_todays_behaviour():
     assert r["controller"]["cap_rounding"] == s["cap_rounding"] == "nearest"
     # and each cap holds through moves under a quarter of it (four decisions a slot).
     assert r["controller"]["hysteresis_band"] == s["hysteresis_band"] == 0.25
+    # Bronze is sized for the median of next slot's arrivals.
+    assert r["controller"]["forecast_median"] == s["forecast_median"] == "on"
 
 
 def test_flags_given_override_the_profile():

@@ -36,9 +36,9 @@ class QosClass:
     max_violation_ratio: float = 0.1
     # Importance in the DP when CPU is short.
     weight: float = 1.0
-    # Quantile of next slot's arrivals demand is sized for (0.5: the median, the point
-    # forecast corrected by its own recent errors with forecast_median on; higher: the
-    # forecast plus a conformal margin from those errors).
+    # Quantile of next slot's arrivals demand is sized for (0.5: the point forecast, or
+    # with forecast_median on the median, the point corrected by its own recent errors;
+    # higher: the forecast plus a conformal margin from those errors).
     forecast_quantile: float = 0.5
 
     @property
@@ -68,7 +68,8 @@ class QosClass:
 def default_qos_classes() -> dict[str, QosClass]:
     return {
         # Demand is sized above the point forecast where violations cost most: the
-        # forecast's 0.9 quantile for gold, 0.75 for silver, the median for bronze.
+        # forecast's 0.9 quantile for gold, 0.75 for silver, the point (the median with
+        # forecast_median on) for bronze.
         "gold": QosClass("gold", 100.0, 0.01, 8.0, forecast_quantile=0.9),
         "silver": QosClass("silver", 500.0, 0.10, 3.0, forecast_quantile=0.75),
         "bronze": QosClass("bronze", 2000.0, 0.50, 1.0),

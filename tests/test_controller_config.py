@@ -55,6 +55,8 @@ BAD = [
     ("move_timeout_seconds = 0\n", "move_timeout_seconds"),
     ('kappa_estimator = "median"\n', "kappa_estimator"),
     ('flow_bound = "maybe"\n', "flow_bound"),
+    ("forecast_median = true\n", "forecast_median"),
+    ('forecast_median = "yes"\n', "forecast_median"),
 ]
 
 

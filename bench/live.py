@@ -154,10 +154,6 @@ class Profile:
     # the max rule's point forecast asks for more than a class that tolerates half
     # its tuples late needs; "off" is the paper's point forecast.
     forecast_median: str = "on"
-    # Drain only the part of a queue the operator's latency budget cannot absorb
-    # (``backlog_drain``): a class that tolerates two seconds need not empty a
-    # queue of a third of a second; "all" is the paper's rule.
-    backlog_drain: str = "over-budget"
 
 
 # Settings a profile fixes: argparse destinations, each also a Profile field.
@@ -176,8 +172,7 @@ PROFILES = {
         "default",
         "dsched's own settings: 2-s trace slots, a decision every 0.5 s, theta 0.005 core "
         "(caps to the nearest, a dead band of a quarter of the cap), "
-        "a trend over the last 2 s, bronze sized for the median forecast, queues "
-        "drained only past the latency budget, one node of 1.6 cores",
+        "a trend over the last 2 s, one node of 1.6 cores",
         duration=80.0,
         slot_seconds=2.0,
         epoch_seconds=0.5,
@@ -209,7 +204,6 @@ PROFILES = {
         cap_rounding="margin",
         hysteresis_band=0.0,
         forecast_median="off",
-        backlog_drain="all",
     ),
 }
 
@@ -547,7 +541,6 @@ class RunSettings:
     cap_rounding: str = "nearest"
     hysteresis_band: float = 0.25
     forecast_median: str = "on"
-    backlog_drain: str = "over-budget"
 
     @property
     def node_cores(self) -> float:
@@ -565,7 +558,6 @@ class RunSettings:
             cap_rounding=self.cap_rounding,
             hysteresis_band=self.hysteresis_band,
             forecast_median=self.forecast_median,
-            backlog_drain=self.backlog_drain,
         )
 
 
@@ -579,7 +571,6 @@ def controller_config(
     cap_rounding: str = "margin",
     hysteresis_band: float = 0.0,
     forecast_median: str = "off",
-    backlog_drain: str = "all",
 ) -> dict[str, Any]:
     """The dsched contender's controller settings.
 
@@ -589,9 +580,8 @@ def controller_config(
     with a theta/2 margin, no dead band); the default profile passes
     ``nearest`` (at theta = 0.005 the margin holds about 0.06 core above a dozen
     grants) and a band of a quarter of the cap (four decisions per trace slot
-    move every cap each epoch). ``forecast_median`` and ``backlog_drain`` default
-    to the paper's point forecast and whole-queue drain too; the default profile
-    sizes bronze for the median and drains only what the budget cannot absorb.
+    move every cap each epoch). ``forecast_median`` defaults to the paper's point
+    forecast too; the default profile sizes bronze for the median.
     With several nodes the testbed's capacity is split evenly between them and
     the ``liu`` placement moves instances off a node that overloads."""
     trend_epochs = round(TREND_SECONDS / epoch_seconds)
@@ -600,7 +590,6 @@ def controller_config(
         "cap_rounding": cap_rounding,
         "hysteresis_band": hysteresis_band,
         "forecast_median": forecast_median,
-        "backlog_drain": backlog_drain,
         "min_cap_cores": 0.01,
         "headroom_cores": 0.05,
         # By default the trend looks back about one trace slot: long enough to see
@@ -1526,7 +1515,6 @@ def profile_record(args: argparse.Namespace, scn: Scenario, theta: float) -> dic
             "cap_rounding": prof.cap_rounding,
             "hysteresis_band": prof.hysteresis_band,
             "forecast_median": prof.forecast_median,
-            "backlog_drain": prof.backlog_drain,
             "theta_paper_cores": round(theta / scn.scale.factor, 4),
             "phi": phi,
             "trend_seconds": round(phi * args.epoch_seconds, 3),
@@ -1574,7 +1562,6 @@ def run(args: argparse.Namespace) -> int:
         cap_rounding=PROFILES[args.profile].cap_rounding,
         hysteresis_band=PROFILES[args.profile].hysteresis_band,
         forecast_median=PROFILES[args.profile].forecast_median,
-        backlog_drain=PROFILES[args.profile].backlog_drain,
     )
     console.print(
         f"bench live ({args.profile} profile): {scn.name}, {duration:g} s per contender, slot "

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import ClassVar
 
 from controller.qos import QosConfig
-from controller.stages.demand import BACKLOG_DRAINS
 from controller.stages.flow import FLOW_BOUNDS
 from controller.stages.hysteresis import CAP_ROUNDINGS
 from dsched.config import ConfigError, is_loopback, parse_hostport, require
@@ -593,12 +592,6 @@ class ControllerConfig:
     min_cap_cores: float = 0.05
     # A queue built during a burst is drained within this many slots.
     backlog_drain_slots: float = 1.0
-    # Which part of a queue is drained: `all` (default, the paper's rule) the
-    # whole queue; `over-budget` only what a tuple arriving now could not get
-    # through within its operator's share of the latency target at the demand's
-    # service rate (docs/controller.md, "Backlog drain"). The rest drains at the
-    # latency target's margin; a lax class then holds less CPU for its queues.
-    backlog_drain: str = "all"
     # Strategy names (one interface per decision): `qos-dp` divides CPU by QoS
     # class with the dynamic program, `demand` grants demand and scales nodes down.
     allocator: str = "qos-dp"
@@ -803,11 +796,6 @@ class ControllerConfig:
             self.cap_rounding in CAP_ROUNDINGS,
             "cap_rounding",
             f"must be one of {', '.join(CAP_ROUNDINGS)}",
-        )
-        require(
-            self.backlog_drain in BACKLOG_DRAINS,
-            "backlog_drain",
-            f"must be one of {', '.join(BACKLOG_DRAINS)}",
         )
         require(
             self.forecast_median in ("on", "off"),

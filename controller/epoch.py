@@ -171,22 +171,15 @@ _app = itemgetter(0)  # of an InstanceKey
 
 
 def build_estimator(
-    config: ControllerConfig,
-    needs: Mapping[OperatorKey, float] | None = None,
-    budgets: Mapping[OperatorKey, float] | None = None,
+    config: ControllerConfig, needs: Mapping[OperatorKey, float] | None = None
 ) -> DemandEstimator:
     """Rate demand, raised to meet latency budgets (``needs``, when given), plus
-    backlog drain (of the queue over each operator's budget, ``budgets``, under
-    ``backlog_drain = "over-budget"``), never below the minimum cap."""
+    backlog drain, never below the minimum cap."""
     inner: DemandEstimator = RateDemand()
     if needs is not None:
         inner = WithLatencyTarget(inner, needs, config.max_instance_cores)
     return WithFloor(
-        WithBacklogDrain(
-            inner,
-            drain_seconds=config.backlog_drain_slots * config.slot_seconds,
-            budgets=budgets if config.backlog_drain == "over-budget" else None,
-        ),
+        WithBacklogDrain(inner, drain_seconds=config.backlog_drain_slots * config.slot_seconds),
         floor_cores=config.min_cap_cores,
     )
 
@@ -278,7 +271,6 @@ def run_epoch(
         drain_seconds=cfg.backlog_drain_slots * cfg.slot_seconds,
         floor_cores=cfg.min_cap_cores,
         kappa_factor=interference.factors,
-        drain_budgets=budgets if cfg.backlog_drain == "over-budget" else None,
     )
     models = (
         app_latency_models(

@@ -46,7 +46,6 @@ def _resolved(*flags: str) -> tuple[argparse.Namespace, dict]:
             cap_rounding=PROFILES[args.profile].cap_rounding,
             hysteresis_band=PROFILES[args.profile].hysteresis_band,
             forecast_median=PROFILES[args.profile].forecast_median,
-            backlog_drain=PROFILES[args.profile].backlog_drain,
         ),
         "scale": scn.scale,
         "slots": len(scn.levels),
@@ -76,9 +75,8 @@ def test_seed001_profile_sets_the_papers_settings():
     assert c["hysteresis_band"] == s["hysteresis_band"] == 0.0
     # and its point forecast.
     assert c["forecast_median"] == s["forecast_median"] == "off"
-    # A backlog drains within one 10-s slot, as the paper's, all of it.
+    # A backlog drains within one 10-s slot, as the paper's.
     assert c["backlog_drain_slots"] == 1
-    assert c["backlog_drain"] == s["backlog_drain"] == "all"
     assert c["placement"] == "liu" and c["node_capacity_cores"] == {"n1": 0.8, "n2": 0.8}
     # A stateless-only node empties in the first 10-s plan that can, as the paper's.
     assert c["scale_in_wait_stateless_seconds"] == 10.0
@@ -122,8 +120,6 @@ def test_default_profile_is_todays_behaviour():
     assert r["controller"]["hysteresis_band"] == s["hysteresis_band"] == 0.25
     # Bronze is sized for the median of next slot's arrivals.
     assert r["controller"]["forecast_median"] == s["forecast_median"] == "on"
-    # and drains only the queue the latency budget cannot absorb.
-    assert r["controller"]["backlog_drain"] == s["backlog_drain"] == "over-budget"
 
 
 def test_flags_given_override_the_profile():

@@ -31,7 +31,6 @@ from controller.model import InstanceHistory, InstanceSlot
 from controller.record import _ms
 from controller.stages.columns import KeyedColumn, values_in_order
 from controller.stages.demand import (
-    BACKLOG_DRAINS,
     MAX_INSTANCE_CORES,
     _latency_model,
     _operators_by_app,
@@ -529,11 +528,8 @@ def test_instance_demands_equal_the_estimators(cluster, data):
         backlog_drain_slots=data.draw(st.sampled_from([0.5, 1.0, 3.0])),
         slot_seconds=10.0,
         min_cap_cores=data.draw(st.sampled_from([0.01, 0.05, 0.3])),
-        backlog_drain=data.draw(st.sampled_from(BACKLOG_DRAINS)),
     )
-    # Some operators without a budget: they drain their whole queue either way.
-    budgets = {k: data.draw(st.floats(0, 5)) for k in views if data.draw(st.booleans())}
-    estimator = build_estimator(cfg, needs, budgets)
+    estimator = build_estimator(cfg, needs)
     want = {}
     for op, view in views.items():
         want.update(estimator.estimate(view, forecasts[op]))
@@ -544,7 +540,6 @@ def test_instance_demands_equal_the_estimators(cluster, data):
         cfg.max_instance_cores,
         cfg.backlog_drain_slots * cfg.slot_seconds,
         cfg.min_cap_cores,
-        drain_budgets=budgets if cfg.backlog_drain == "over-budget" else None,
     )
     assert list(got) == list(want) and got == want
 

@@ -46,9 +46,6 @@ from predict.queueing import (
     wait_arrays,
 )
 
-# Which part of a queue WithBacklogDrain drains (config ``backlog_drain``).
-BACKLOG_DRAINS = ("all", "over-budget")
-
 
 class InstanceDemand(NamedTuple):
     """One instance's CPU demand (a NamedTuple: an epoch makes one per instance
@@ -88,31 +85,18 @@ class RateDemand:
 
 @dataclass
 class WithBacklogDrain:
-    """Add the CPU that empties an instance's queue within ``drain_seconds``.
-
-    With ``budgets`` (operator -> its share of the latency target, seconds) only
-    the part of the queue that a tuple arriving now could not get through within
-    its operator's budget is drained: at the service rate of the inner demand,
-    ``mu = cores / kappa``, a tuple behind ``q`` others leaves after ``(q + 1) /
-    mu`` seconds, so ``mu * budget - 1`` tuples of queue cost no latency the class
-    counts. The rest of the queue drains at the margin the latency target put
-    into the inner demand. An operator without a budget drains its whole queue."""
+    """Add the CPU that empties an instance's queue within ``drain_seconds``."""
 
     inner: DemandEstimator
     drain_seconds: float
-    budgets: Mapping[OperatorKey, float] | None = None
 
     def estimate(
         self, view: OperatorView, fc: OperatorForecast
     ) -> dict[InstanceKey, InstanceDemand]:
         base = self.inner.estimate(view, fc)
-        budget = None if self.budgets is None else self.budgets.get(view.key)
         out = {}
         for k, d in base.items():
-            queue = view.queue_by_instance.get(k, 0.0)
-            if budget is not None and fc.kappa > 0:
-                queue = max(0.0, queue - max(0.0, d.cores / fc.kappa * budget - 1.0))
-            extra = queue * fc.kappa / self.drain_seconds
+            extra = view.queue_by_instance.get(k, 0.0) * fc.kappa / self.drain_seconds
             out[k] = InstanceDemand(
                 k,
                 d.node,
@@ -154,12 +138,10 @@ def instance_demands(
     drain_seconds: float,
     floor_cores: float,
     kappa_factor: Mapping[InstanceKey, float] | None = None,
-    drain_budgets: Mapping[OperatorKey, float] | None = None,
 ) -> dict[InstanceKey, InstanceDemand]:
     """Every instance's demand from ``WithFloor(WithBacklogDrain(WithLatencyTarget(
-    RateDemand(), needs, max_instance_cores), drain_seconds, drain_budgets),
-    floor_cores)`` (without the latency layer when ``needs`` is None), over all
-    instances at once.
+    RateDemand(), needs, max_instance_cores), drain_seconds), floor_cores)`` (without
+    the latency layer when ``needs`` is None), over all instances at once.
 
     Each layer's arithmetic and comparisons are the estimators' own, in the same
     order, on arrays instead of one instance at a time, so demands and reasons
@@ -212,16 +194,6 @@ def instance_demands(
     inst_kappa = np.repeat(kappa, counts)
     if factor is not None:
         inst_kappa = inst_kappa * factor
-    if drain_budgets is not None:
-        budget = np.repeat(
-            np.fromiter((drain_budgets.get(v.key, np.nan) for v in ops), float, len(ops)),
-            counts,
-        )
-        # WithBacklogDrain's tolerated queue, mu * budget - 1 at mu = cores / kappa.
-        has = ~np.isnan(budget) & (inst_kappa > 0)
-        mu = np.divide(cores, inst_kappa, out=np.zeros_like(cores), where=has)
-        tolerated = np.maximum(0.0, mu * np.where(has, budget, 0.0) - 1.0)
-        queue = np.where(has, np.maximum(0.0, queue - tolerated), queue)
     extra = queue * inst_kappa / drain_seconds
     reason = np.where(extra > cores, _BACKLOG, reason)
     cores = cores + extra

@@ -62,6 +62,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -123,6 +124,21 @@ PLACEMENT_DEMAND_SECONDS = 10.0
 MAX_NODES = 8
 
 
+# The paper's rules for the controller keys a profile sets (``Profile.rules``):
+# caps up to theta with theta/2 to spare, no dead band, the point forecast.
+PAPER_RULES: Mapping[str, Any] = MappingProxyType(
+    {"cap_rounding": "margin", "hysteresis_band": 0.0, "forecast_median": "off"}
+)
+# dsched's own: to the nearest theta where theta is a small part of a cap; a dead
+# band of a quarter of the cap, as four decisions per trace slot would otherwise
+# move a cap every epoch; bronze sized for the median of next slot's arrivals,
+# as the max rule's point forecast asks for more than a class that tolerates
+# half its tuples late needs.
+OWN_RULES: Mapping[str, Any] = MappingProxyType(
+    {"cap_rounding": "nearest", "hysteresis_band": 0.25, "forecast_median": "on"}
+)
+
+
 @dataclass(frozen=True)
 class Profile:
     """A named set of the run's settings; a flag given on the command line wins."""
@@ -143,17 +159,8 @@ class Profile:
     theta_paper_cores: float | None = None
     # The paper's node size: sets the share of the testbed static-0.7 fills.
     node_paper_cores: float | None = None
-    # dsched's cap rounding (controller key ``cap_rounding``): to the nearest
-    # theta where theta is a small part of a cap, the paper's margin otherwise.
-    cap_rounding: str = "nearest"
-    # dsched's dead band around each cap (``hysteresis_band``): with four
-    # decisions per trace slot the forecast moves a cap every epoch; 0 is the
-    # paper's rule, for a decision per slot.
-    hysteresis_band: float = 0.25
-    # Bronze sized for the median of next slot's arrivals (``forecast_median``):
-    # the max rule's point forecast asks for more than a class that tolerates half
-    # its tuples late needs; "off" is the paper's point forecast.
-    forecast_median: str = "on"
+    # Controller keys of the dsched contender's rules (PAPER_RULES' keys).
+    rules: Mapping[str, Any] = field(default_factory=lambda: OWN_RULES)
 
 
 # Settings a profile fixes: argparse destinations, each also a Profile field.
@@ -201,9 +208,7 @@ PROFILES = {
         phi=5,
         theta_paper_cores=0.2,
         node_paper_cores=6.0,
-        cap_rounding="margin",
-        hysteresis_band=0.0,
-        forecast_median="off",
+        rules=PAPER_RULES,
     ),
 }
 
@@ -538,9 +543,7 @@ class RunSettings:
     nodes: int = 1
     theta_cores: float = 0.005
     phi: int | None = None
-    cap_rounding: str = "nearest"
-    hysteresis_band: float = 0.25
-    forecast_median: str = "on"
+    rules: Mapping[str, Any] = field(default_factory=lambda: OWN_RULES)
 
     @property
     def node_cores(self) -> float:
@@ -555,9 +558,7 @@ class RunSettings:
             theta_cores=self.theta_cores,
             phi=self.phi,
             nodes=self.nodes,
-            cap_rounding=self.cap_rounding,
-            hysteresis_band=self.hysteresis_band,
-            forecast_median=self.forecast_median,
+            rules=self.rules,
         )
 
 
@@ -568,28 +569,21 @@ def controller_config(
     theta_cores: float = 0.005,
     phi: int | None = None,
     nodes: int = 1,
-    cap_rounding: str = "margin",
-    hysteresis_band: float = 0.0,
-    forecast_median: str = "off",
+    rules: Mapping[str, Any] = PAPER_RULES,
 ) -> dict[str, Any]:
     """The dsched contender's controller settings.
 
     Fine cap granularity by default: with a dozen executors sharing two cores,
     theta = 0.1 core would round each cap up by more than its whole demand.
-    ``cap_rounding`` and ``hysteresis_band`` default to the paper's rule (up
-    with a theta/2 margin, no dead band); the default profile passes
-    ``nearest`` (at theta = 0.005 the margin holds about 0.06 core above a dozen
-    grants) and a band of a quarter of the cap (four decisions per trace slot
-    move every cap each epoch). ``forecast_median`` defaults to the paper's point
-    forecast too; the default profile sizes bronze for the median.
+    ``rules`` (rounding, dead band, bronze's forecast) default to the paper's
+    (:data:`PAPER_RULES`); the default profile passes :data:`OWN_RULES`: at theta
+    = 0.005 the margin would hold about 0.06 core above a dozen grants.
     With several nodes the testbed's capacity is split evenly between them and
     the ``liu`` placement moves instances off a node that overloads."""
     trend_epochs = round(TREND_SECONDS / epoch_seconds)
     out = {
         "theta_cores": theta_cores,
-        "cap_rounding": cap_rounding,
-        "hysteresis_band": hysteresis_band,
-        "forecast_median": forecast_median,
+        **rules,
         "min_cap_cores": 0.01,
         "headroom_cores": 0.05,
         # By default the trend looks back about one trace slot: long enough to see
@@ -1512,9 +1506,7 @@ def profile_record(args: argparse.Namespace, scn: Scenario, theta: float) -> dic
             # The node size in the paper's cores (6 for the paper's nodes).
             "node_paper_cores": round(args.capacity_cores / args.nodes / scn.scale.factor, 3),
             "theta_cores": round(theta, 6),
-            "cap_rounding": prof.cap_rounding,
-            "hysteresis_band": prof.hysteresis_band,
-            "forecast_median": prof.forecast_median,
+            **prof.rules,
             "theta_paper_cores": round(theta / scn.scale.factor, 4),
             "phi": phi,
             "trend_seconds": round(phi * args.epoch_seconds, 3),
@@ -1559,9 +1551,7 @@ def run(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         theta_cores=theta_of(args, scn.scale),
         phi=args.phi,
-        cap_rounding=PROFILES[args.profile].cap_rounding,
-        hysteresis_band=PROFILES[args.profile].hysteresis_band,
-        forecast_median=PROFILES[args.profile].forecast_median,
+        rules=PROFILES[args.profile].rules,
     )
     console.print(
         f"bench live ({args.profile} profile): {scn.name}, {duration:g} s per contender, slot "

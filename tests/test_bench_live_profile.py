@@ -13,6 +13,8 @@ import subprocess
 import pytest
 
 from bench.live import (
+    OWN_RULES,
+    PAPER_RULES,
     PAPER_TABLES,
     PROFILES,
     add_arguments,
@@ -24,6 +26,7 @@ from bench.live import (
     theta_of,
     used_per_slot,
 )
+from controller.config import ControllerConfig
 from testbed.live.static import Scale, first_fit_placement, static_caps
 from tests.test_bench_live import CPU, DSCHED, _refused_before_anything_starts
 
@@ -43,9 +46,7 @@ def _resolved(*flags: str) -> tuple[argparse.Namespace, dict]:
             theta_cores=theta,
             phi=args.phi,
             nodes=args.nodes,
-            cap_rounding=PROFILES[args.profile].cap_rounding,
-            hysteresis_band=PROFILES[args.profile].hysteresis_band,
-            forecast_median=PROFILES[args.profile].forecast_median,
+            rules=PROFILES[args.profile].rules,
         ),
         "scale": scn.scale,
         "slots": len(scn.levels),
@@ -120,6 +121,16 @@ def test_default_profile_is_todays_behaviour():
     assert r["controller"]["hysteresis_band"] == s["hysteresis_band"] == 0.25
     # Bronze is sized for the median of next slot's arrivals.
     assert r["controller"]["forecast_median"] == s["forecast_median"] == "on"
+
+
+def test_every_profile_sets_the_same_rules_and_each_is_a_valid_controller_setting():
+    """A rule one profile sets and another leaves out would take the controller's
+    default in the other, unrecorded: every profile names the same keys."""
+    assert set(OWN_RULES) == set(PAPER_RULES)
+    for prof in PROFILES.values():
+        assert set(prof.rules) == set(PAPER_RULES)
+        ControllerConfig(**prof.rules).validate()
+    assert OWN_RULES != PAPER_RULES
 
 
 def test_flags_given_override_the_profile():

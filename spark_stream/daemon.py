@@ -19,9 +19,13 @@ import sys
 import time
 import tomllib
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from dsched.config import ConfigError, from_dict, override
 from dsched.signals import STOPPED, StopOnSignals
+
+if TYPE_CHECKING:
+    from spark_stream.embedded import HistoryStatus
 from spark_stream.config import DEFAULT_STATE_DIR, HistoryConfig
 
 # How long Spark may take to start the query before `run` gives up.
@@ -87,10 +91,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(config: HistoryConfig) -> int:
+    # SIGTERM and SIGINT stop the job (exit status 0), also while Spark starts.
+    with StopOnSignals() as stop:
+        return _run_until_stopped(config, stop)
+
+
+def _run_until_stopped(config: HistoryConfig, stop: StopOnSignals) -> int:
     from spark_stream.embedded import EmbeddedHistory
 
-    # SIGTERM and SIGINT stop the job (exit status 0), also while Spark starts.
-    stop = StopOnSignals().install()
     history = EmbeddedHistory(config)
     history.start()
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
@@ -98,14 +106,19 @@ def _run(config: HistoryConfig) -> int:
         if stop.is_set():
             history.stop()
             return STOPPED
-        if history.status().state != "starting" or time.monotonic() > deadline:
+        # The query may have started since wait_running gave up: only a state
+        # other than starting and running is an end.
+        status = history.status()
+        if status.state == "running":
+            break
+        if status.state != "starting" or time.monotonic() > deadline:
             # A stop sent to the whole process group (systemd, `timeout`) can end
             # Spark's JVM a moment before this process sees its own signal: an end
             # that a stop follows within a second is that stop, not a failure.
             if stop.wait(1.0):
                 history.stop()
                 return STOPPED
-            print(f"dsched-history: failed to start: {history.status().error}", file=sys.stderr)
+            print(f"dsched-history: failed to start: {_why_not_running(status)}", file=sys.stderr)
             history.stop()
             return 1
     logging.info("history job running on %s, spool %s", config.spark_master, config.spool_dir)
@@ -120,6 +133,15 @@ def _run(config: HistoryConfig) -> int:
         logging.info("history: batch %s, lag %s s", status.last_batch_id, status.lag_seconds)
     history.stop()
     return STOPPED
+
+
+def _why_not_running(status: HistoryStatus) -> str:
+    """The job's own error, else what state it was left in."""
+    if status.error:
+        return status.error
+    if status.state == "starting":
+        return f"not running after {START_TIMEOUT_SECONDS:g} s"
+    return f"the job is {status.state} and gave no error"
 
 
 def _fit(config: HistoryConfig) -> int:

@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING
 
 from dsched.config import ConfigError, from_dict, override
 from dsched.signals import STOPPED, StopOnSignals
+from spark_stream.config import DEFAULT_STATE_DIR, HistoryConfig
 
 if TYPE_CHECKING:
+    # For the annotation only: run imports the module itself when it starts.
     from spark_stream.embedded import HistoryStatus
-from spark_stream.config import DEFAULT_STATE_DIR, HistoryConfig
 
 # How long Spark may take to start the query before `run` gives up.
 START_TIMEOUT_SECONDS = 120.0

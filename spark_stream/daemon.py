@@ -108,18 +108,20 @@ def _run_until_stopped(config: HistoryConfig, stop: StopOnSignals) -> int:
             history.stop()
             return STOPPED
         # The query may have started since wait_running gave up: only a state
-        # other than starting and running is an end.
-        status = history.status()
-        if status.state == "running":
+        # other than starting and running is an end. fit_counts reads the state
+        # without status()'s table reads, which a start has no use for.
+        state = history.fit_counts().state
+        if state == "running":
             break
-        if status.state != "starting" or time.monotonic() > deadline:
+        if state != "starting" or time.monotonic() > deadline:
             # A stop sent to the whole process group (systemd, `timeout`) can end
             # Spark's JVM a moment before this process sees its own signal: an end
             # that a stop follows within a second is that stop, not a failure.
             if stop.wait(1.0):
                 history.stop()
                 return STOPPED
-            print(f"dsched-history: failed to start: {_why_not_running(status)}", file=sys.stderr)
+            why = _why_not_running(history.status())
+            print(f"dsched-history: failed to start: {why}", file=sys.stderr)
             history.stop()
             return 1
     logging.info("history job running on %s, spool %s", config.spark_master, config.spool_dir)

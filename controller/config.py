@@ -64,6 +64,8 @@ def socket_group_id(key: str, group: str) -> int | None:
 DP_VALUES = ("covered", "latency")
 # What meeting a latency target means (docs/controller.md, "Demand").
 LATENCY_CRITERIA = ("quantile", "mean")
+# How an operator's CPU follows its arrivals (docs/prediction.md, "Marginal cost").
+COST_MODELS = ("proportional", "marginal")
 # Longest window of per-instance demands the controller keeps (seconds).
 MAX_DEMAND_WINDOW_SECONDS = 86400.0
 
@@ -550,6 +552,13 @@ class ControllerConfig:
     # tuple on a stepped trace with 0.5-s slots; docs/prediction.md, "Cost per
     # tuple"); the ratio of sums is not.
     kappa_estimator: str = "ratio_of_sums"
+    # How an operator's CPU follows its arrivals: `proportional` (kappa times the
+    # rate, the paper's) or `marginal` (the window's CPU plus the CPU per extra
+    # tuple, a slope fitted over the last variability_slots slots, times the
+    # change in rate: an affine cost whose fixed part a step up does not pay
+    # again; docs/prediction.md, "Marginal cost"). Where the slots cannot tell
+    # the slope (a steady load), the proportional cost stays.
+    cost_model: str = "proportional"
     # `on`: no operator is granted more than its parents can send it: what their
     # grants let them process and what reaches them plus their queues, times
     # their selectivity. The CPU taken back is recorded as a cut with its reason
@@ -775,6 +784,11 @@ class ControllerConfig:
         require(self.headroom_cores >= 0, "headroom_cores", "must be >= 0")
         require(self.min_cap_cores > 0, "min_cap_cores", "must be positive")
         require(self.backlog_drain_slots > 0, "backlog_drain_slots", "must be positive")
+        require(
+            self.cost_model in COST_MODELS,
+            "cost_model",
+            f"must be one of {', '.join(COST_MODELS)}",
+        )
         require(self.forget_after_slots >= 1, "forget_after_slots", "must be >= 1")
         from controller.edges.actuators import CAP_ACTUATORS
         from controller.peers import POLICIES

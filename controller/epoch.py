@@ -44,7 +44,12 @@ from controller.stages.demand import (
 )
 from controller.stages.evaluate import OperatorView
 from controller.stages.flow import bound_by_parents
-from controller.stages.forecast import OperatorForecast, forecast, size_forecasts
+from controller.stages.forecast import (
+    OperatorForecast,
+    cost_at_rate,
+    forecast,
+    size_forecasts,
+)
 from controller.stages.hysteresis import (
     HysteresisStep,
     fit_quantized_columns,
@@ -55,6 +60,7 @@ from controller.stages.interference import interference_factors
 from controller.stages.variability import (
     OperatorVariability,
     VariabilitySettings,
+    marginal_costs,
     measure_variability,
 )
 from dsched.ids import InstanceKey, OperatorKey
@@ -224,6 +230,14 @@ def run_epoch(
         memory.forecast_bank,
         median=cfg.forecast_median == "on",
     )
+    if cfg.cost_model == "marginal":
+        forecasts = cost_at_rate(
+            forecasts,
+            views,
+            marginal_costs(
+                views, memory.variability, cfg.variability_slots, cfg.variability_min_slots
+            ),
+        )
     budgets = latency_budgets(views, forecasts, {a: c.target_seconds for a, c in classes.items()})
     by_quantile = cfg.latency_criterion == "quantile"
     model = cfg.latency_model
@@ -410,7 +424,8 @@ def run_epoch(
         latency_model=model,
         latency_criterion=cfg.latency_criterion,
         variability=variability.by_operator,
-        variability_slots=0 if fixed else cfg.variability_slots,
+        # The slot totals are kept for the measured C² and the marginal cost.
+        variability_slots=0 if fixed and cfg.cost_model != "marginal" else cfg.variability_slots,
         interference=interference.record(),
         timing={
             **_spans(

@@ -271,8 +271,10 @@ def build_record(
             for app in sorted(alloc.apps)
         ],
         # Per operator (the order of `operators`): point forecast and sized rate,
-        # and the C² of arrivals and service the latency model used, with their
-        # source ("measured", "fixed: configured", "fixed: not enough evidence").
+        # the window's CPU per tuple when cost_model = "marginal" took `kappa` to
+        # the sized rate (else null), and the C² of arrivals and service the
+        # latency model used, with their source ("measured", "fixed: configured",
+        # "fixed: not enough evidence").
         "operators": [
             {
                 "app": op.app,
@@ -280,6 +282,7 @@ def build_record(
                 "forecast_quantile": fc.quantile,
                 "point_rate": fc.rate,
                 "sized_rate": fc.demand_rate,
+                "window_kappa": fc.window_kappa,
                 **_variability_row(result.variability.get(op)),
             }
             for op, fc in zip(views, map(forecasts.__getitem__, views), strict=True)

@@ -10,6 +10,11 @@ Two strategies, chosen by name:
 
 When no slot in the window processed a tuple there is no estimate: the function
 returns ``default`` if one is given and raises ValueError otherwise.
+
+:func:`marginal_cost_many` is the other half of an affine cost, CPU = fixed +
+marginal x tuples: the slope of each slot's CPU against its tuples over a longer
+history, where a cost per tuple that divides the fixed part by the tuples of a
+quiet window would charge it again for every tuple of a busier next slot.
 """
 
 from __future__ import annotations
@@ -92,3 +97,45 @@ def cpu_per_tuple_many(
     for i in np.flatnonzero(ok & ~full & busy.any(axis=1)):
         out[i] = cpu_per_tuple(cpu[i], n[i], window, strategy=strategy)
     return out
+
+
+def marginal_cost_many(
+    cpu_seconds: np.ndarray,
+    tuples: np.ndarray,
+    *,
+    min_slots: int = 10,
+    max_relative_error: float = 0.25,
+) -> np.ndarray:
+    """Per row of two 2-D arrays (operators x slots, NaN for a missing slot), the
+    least-squares slope of CPU-seconds on processed tuples: the CPU one more
+    tuple costs. NaN where it is not known well enough: fewer than ``min_slots``
+    slots that processed a tuple, no spread in their tuples, a slope not above
+    zero, or a standard error above ``max_relative_error`` of the slope (a load
+    too steady to tell fixed from per-tuple CPU)."""
+    cpu = np.asarray(cpu_seconds, dtype=float)
+    n = np.asarray(tuples, dtype=float)
+    if cpu.ndim != 2 or cpu.shape != n.shape:
+        raise ValueError(
+            f"cpu_seconds and tuples must be 2-D arrays of one shape, got {cpu.shape} and {n.shape}"
+        )
+    min_slots = v.positive_int(min_slots, "min_slots")
+    if min_slots < 3:
+        raise ValueError(f"min_slots must be at least 3 (a slope and its error), got {min_slots}")
+    if not max_relative_error > 0:
+        raise ValueError(f"max_relative_error must be positive, got {max_relative_error}")
+    ok = np.isfinite(cpu) & np.isfinite(n) & (n > 0)
+    if np.any((cpu < 0) & ok) or np.any(n < 0):
+        raise ValueError("cpu_seconds and tuples must be >= 0")
+    k = ok.sum(axis=1)
+    x, y = np.where(ok, n, 0.0), np.where(ok, cpu, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mx = x.sum(axis=1) / k
+        my = y.sum(axis=1) / k
+        dx = np.where(ok, x - mx[:, None], 0.0)
+        dy = np.where(ok, y - my[:, None], 0.0)
+        sxx = (dx * dx).sum(axis=1)
+        slope = (dx * dy).sum(axis=1) / sxx
+        resid = np.where(ok, dy - slope[:, None] * dx, 0.0)
+        se = np.sqrt((resid * resid).sum(axis=1) / (k - 2) / sxx)
+        good = (k >= min_slots) & (sxx > 0) & (slope > 0) & (se <= max_relative_error * slope)
+    return np.where(good, slope, np.nan)

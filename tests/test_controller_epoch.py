@@ -486,3 +486,46 @@ def test_kappa_estimator_divides_sums_by_default_and_means_ratios_on_request(tmp
     assert got["mean_ratio"] > 2 * got["ratio_of_sums"]
     with pytest.raises(ValueError, match="strategy must be one of"):
         forecast(views, 5, kappa_estimator="median")
+
+
+class FixedCostNode(SyntheticNode):
+    """SyntheticNode whose instances also burn ``fixed`` CPU-seconds every slot,
+    whatever they process (their own loop and reporting)."""
+
+    def __init__(self, controller: Controller, fixed: float):
+        super().__init__(controller)
+        self.fixed = fixed
+
+    def report(self, now: float, rates: dict[str, float], latency_s: float = 0.02) -> None:
+        for app in rates:
+            for op, *_ in OPS:
+                t = self.totals.setdefault((app, op), {"n": 0, "cpu": 0.0, "lat": 0.0, "done": 0})
+                t["cpu"] += self.fixed
+        super().report(now, rates, latency_s)
+
+
+def test_marginal_cost_charges_a_step_up_its_tuples_not_the_fixed_cpu_again(tmp_path, clock):
+    """Levels that change every few slots, then a step from a quiet window to a busy
+    one: the window's cost per tuple carries the quiet window's fixed CPU into
+    every tuple of the busy slot; the marginal cost charges the fixed CPU once."""
+    rng = np.random.default_rng(3)
+    levels = np.repeat(rng.integers(5, 60, 12), 3).tolist() + [8] * 6 + [80]
+    costs = {}
+    for model in ("proportional", "marginal"):
+        clock[0] = 1_000_000.0
+        c = Controller(
+            config(tmp_path / model, cost_model=model, node_capacity_cores={"n1": 8.0}),
+            clock=lambda: clock[0],
+        )
+        node = FixedCostNode(c, fixed=0.02)
+        for rate in levels:
+            rec = run(c, node, clock, 1, {"wc": rate})
+        split = next(o for o in rec["operators"] if o["operator"] == "split")
+        sized = next(o for o in rec["sizing"]["operators"] if o["operator"] == "split")
+        costs[model] = (split["kappa"], sized["window_kappa"], sized["sized_rate"])
+    (kp, wp, rate), (km, wm, rate_m) = costs["proportional"], costs["marginal"]
+    assert wp is None and wm == pytest.approx(kp)
+    assert rate_m == pytest.approx(rate)
+    true_cost = 0.02 + 0.001 * rate  # CPU-seconds per second at the sized rate
+    assert km * rate == pytest.approx(true_cost, rel=0.05)
+    assert kp * rate > 1.3 * true_cost

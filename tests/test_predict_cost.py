@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from predict.cost import cpu_per_tuple
+from predict.cost import cpu_per_tuple, marginal_cost_many
 from predict.interference import NO_INTERFERENCE, InterferenceModel, fit_interference
 
 
@@ -54,6 +54,39 @@ def test_cpu_per_tuple_no_tuples_at_all():
 def test_cpu_per_tuple_bad_input(cpu, tuples, kwargs, match):
     with pytest.raises(ValueError, match=match):
         cpu_per_tuple(cpu, tuples, **kwargs)
+
+
+def test_marginal_cost_is_the_slope_of_cpu_on_tuples_once_the_slots_can_tell_it():
+    rng = np.random.default_rng(7)
+    tuples = rng.integers(10, 500, (4, 60)).astype(float)
+    tuples[2] = 200.0 + rng.normal(0.0, 1.0, 60)  # a steady load: the slope is noise
+    cpu = 0.02 + 0.0012 * tuples + rng.normal(0.0, 0.005, tuples.shape)
+    cpu[1, :52] = np.nan  # 8 slots: too few
+    cpu[3] = 0.05  # CPU that does not follow the tuples: no slope above zero
+    got = marginal_cost_many(cpu, tuples)
+    assert got[0] == pytest.approx(0.0012, rel=0.02)
+    assert np.isnan(got[1:]).all()
+    # Idle slots say nothing about the cost of a tuple and are skipped.
+    idle = tuples[:1].copy()
+    idle[0, ::3] = 0.0
+    again = marginal_cost_many(np.where(idle > 0, cpu[:1], 0.02), idle)
+    assert again[0] == pytest.approx(0.0012, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    "cpu,tuples,kwargs,match",
+    [
+        (np.ones(3), np.ones(3), {}, "2-D"),
+        (np.ones((1, 3)), np.ones((1, 4)), {}, "one shape"),
+        (-np.ones((1, 12)), np.ones((1, 12)), {}, ">= 0"),
+        (np.ones((1, 12)), -np.ones((1, 12)), {}, ">= 0"),
+        (np.ones((1, 12)), np.ones((1, 12)), {"min_slots": 2}, "at least 3"),
+        (np.ones((1, 12)), np.ones((1, 12)), {"max_relative_error": 0.0}, "positive"),
+    ],
+)
+def test_marginal_cost_bad_input(cpu, tuples, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        marginal_cost_many(cpu, tuples, **kwargs)
 
 
 def test_interference_model_hinge_and_unavailable_counter():

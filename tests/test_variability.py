@@ -173,9 +173,10 @@ def test_the_memory_takes_one_slot_per_new_timestamp():
     views = {key: view(key, 1000.0, 100, 100, 1.0)}
     memory.observe(views)
     memory.observe(views)  # the same slot again: not taken twice
-    arrived, _, _ = memory.window({key: view(key, 1010.0, 200, 200, 2.0)})
+    arrived, _, _, cpu = memory.window({key: view(key, 1010.0, 200, 200, 2.0)})
     assert np.isnan(arrived[0, :3]).all()
     assert arrived[0, 3:].tolist() == [100.0, 200.0]
+    assert cpu[0, 3:].tolist() == [1.0, 2.0]
 
 
 def forecasts_for(keys, rate=100.0, kappa=0.004):

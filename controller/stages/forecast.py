@@ -79,6 +79,9 @@ class OperatorForecast:
     # arrivals (:func:`size_forecasts`); None: the point forecast ``rate``.
     sized_rate: float | None = None
     quantile: float = 0.5  # the forecast quantile ``sized_rate`` stands for
+    # The window's CPU per tuple when ``kappa`` was taken to the sized rate by
+    # :func:`cost_at_rate`; None: ``kappa`` is the window's.
+    window_kappa: float | None = None
 
     @property
     def demand_rate(self) -> float:
@@ -318,6 +321,38 @@ def size_forecasts(
         points = np.fromiter((forecasts[k].rate for k in middle), float, len(middle))
         for k, rate in zip(middle, bank.median(middle, points).tolist(), strict=True):
             out[k] = replace(forecasts[k], sized_rate=rate, quantile=0.5)
+    return out
+
+
+def cost_at_rate(
+    forecasts: Mapping[OperatorKey, OperatorForecast],
+    views: Mapping[OperatorKey, OperatorView],
+    marginal: Mapping[OperatorKey, float],
+) -> dict[OperatorKey, OperatorForecast]:
+    """Each forecast's CPU per tuple at the rate its demand is sized for, under an
+    affine cost: the window's CPU plus ``marginal`` (CPU per extra tuple, from
+    :func:`predict.cost.marginal_cost_many`) times the tuples the sized rate adds
+    to (or takes from) those the window processed.
+
+    The window's cost per tuple divides its fixed CPU (an instance's own loop,
+    its reporting) by the window's tuples; charged per tuple, that part grows
+    with a busier next slot when it does not, and a trace that steps between
+    levels pays it at every step up. The marginal cost never exceeds the
+    window's, so the fixed part is never negative. Operators without a marginal
+    cost, or whose window processed nothing, keep the window's cost."""
+    out = dict(forecasts)
+    for key, slope in marginal.items():
+        fc, view = forecasts.get(key), views.get(key)
+        if fc is None or view is None or not fc.kappa > 0:
+            continue
+        seconds = float(view.seconds.sum())
+        processed = float(view.executed @ view.seconds)
+        rate = fc.demand_rate
+        if seconds <= 0 or processed <= 0 or not rate > 0:
+            continue
+        b = min(slope, fc.kappa)
+        fixed = processed / seconds * (fc.kappa - b)  # CPU-seconds per second
+        out[key] = replace(fc, kappa=b + fixed / rate, window_kappa=fc.kappa)
     return out
 
 

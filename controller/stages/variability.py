@@ -42,6 +42,7 @@ nothing, the memory takes the views' newest slots after the epoch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import chain, repeat
@@ -51,6 +52,7 @@ import numpy as np
 
 from controller.stages.evaluate import OperatorView
 from dsched.ids import OperatorKey
+from predict.cost import marginal_cost_many
 
 #: Triples above this many times the estimate are level changes, not burstiness
 #: (for normal counts 0.16 % of triples lie above it, carrying ~2 % of the sum).
@@ -92,7 +94,8 @@ class VariabilitySettings:
 @dataclass
 class VariabilityMemory:
     """The last ``slots`` slot totals of every operator: tuples arrived, executed,
-    service seconds, and the end of the newest slot taken (a row per operator);
+    service seconds, CPU seconds, and the end of the newest slot taken (a row per
+    operator);
     and each operator's last estimates with the slots taken since.
 
     An estimate over 60 slots moves little with one more, and at thousands of
@@ -106,6 +109,7 @@ class VariabilityMemory:
     arrived: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     executed: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     service: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    cpu: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     seen: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: Per row: c_a², c_s², arrival and service triples of the last estimate (NaN: none).
     estimates: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
@@ -118,31 +122,33 @@ class VariabilityMemory:
     def window(
         self, views: Mapping[OperatorKey, OperatorView], slots: int | None = None
     ) -> tuple[np.ndarray, ...]:
-        """(arrived, executed, service) per view (rows in ``views`` order) over the
-        last ``slots`` slots (default: the memory's), the views' newest slot
+        """(arrived, executed, service, cpu) per view (rows in ``views`` order) over
+        the last ``slots`` slots (default: the memory's), the views' newest slot
         included, oldest first; NaN where there was no slot."""
         return self._window(views, self.slots if slots is None else slots)[0]
 
     def _window(self, views: Mapping[OperatorKey, OperatorView], depth: int) -> tuple:
-        """(the three arrays, whether each row took a new slot, the row each view
+        """(the four arrays, whether each row took a new slot, the row each view
         had in the memory or -1)."""
         last = self._last
         if last is not None and last[0] is views and last[1] == depth:
             return last[2]
         keys = list(views)
         n = len(keys)
-        out = [np.full((n, depth), np.nan) for _ in range(3)]
+        out = [np.full((n, depth), np.nan) for _ in range(_COLUMNS)]
         if not n:
             return tuple(out), np.zeros(0, dtype=bool), np.zeros(0, dtype=int)
-        newest = np.fromiter(chain.from_iterable(map(_newest, views.values())), float, 4 * n)
-        newest = newest.reshape(n, 4)
+        newest = np.fromiter(
+            chain.from_iterable(map(_newest, views.values())), float, (_COLUMNS + 1) * n
+        )
+        newest = newest.reshape(n, _COLUMNS + 1)
         rows = self.rows
         have = np.fromiter(map(rows.get, keys, repeat(-1)), int, n)
         known = (have >= 0) & (self.arrived.shape[1:] == (depth,))
         have = np.where(known, have, -1)
         prev = self.seen[np.maximum(have, 0)] if len(self.seen) else np.full(n, -np.inf)
-        fresh = newest[:, 3] > np.where(known, prev, -np.inf)
-        stored = (self.arrived, self.executed, self.service)
+        fresh = newest[:, _COLUMNS] > np.where(known, prev, -np.inf)
+        stored = (self.arrived, self.executed, self.service, self.cpu)
         if n == len(self.seen) and fresh.all() and (have == np.arange(n)).all():
             # The usual epoch: the same operators, in the same order, each with a
             # new slot: every stored row moves on by one.
@@ -174,7 +180,7 @@ class VariabilityMemory:
         last = self._last
         if last is not None and last[0] is views and last[1] == depth and last[3] is not None:
             return last[3]
-        (arrived, executed, service), fresh, have = self._window(views, depth)
+        (arrived, executed, service, cpu), fresh, have = self._window(views, depth)
         n = len(have)
         prev = np.full((n, 4), np.nan)
         age = np.zeros(n, dtype=int)
@@ -200,7 +206,7 @@ class VariabilityMemory:
             # Staggered: rows computed together come due on different epochs.
             age[due] = due % REFRESH_SLOTS
         out = (prev, age)
-        self._last = (views, depth, ((arrived, executed, service), fresh, have), out)
+        self._last = (views, depth, ((arrived, executed, service, cpu), fresh, have), out)
         return out
 
     def observe(self, views: Mapping[OperatorKey, OperatorView], slots: int | None = None) -> None:
@@ -209,10 +215,10 @@ class VariabilityMemory:
         if slots is not None:
             self.slots = slots
         last = self._last
-        (arrived, executed, service), _, _ = self._window(views, self.slots)
+        (arrived, executed, service, cpu), _, _ = self._window(views, self.slots)
         ests = last[3] if last is not None and last[0] is views and last[1] == self.slots else None
         self.rows = {k: i for i, k in enumerate(views)}
-        self.arrived, self.executed, self.service = arrived, executed, service
+        self.arrived, self.executed, self.service, self.cpu = arrived, executed, service, cpu
         self.seen = np.array([v.last_timestamp for v in views.values()], dtype=float)
         if ests is None:
             self.estimates = np.full((len(views), 4), np.nan)
@@ -222,18 +228,23 @@ class VariabilityMemory:
         self._last = None
 
 
-def _newest(view: OperatorView) -> tuple[float, float, float, float]:
-    """(arrived, executed, service seconds, end) of the view's newest slot."""
+#: Slot totals the memory keeps per operator: arrived, executed, service, CPU.
+_COLUMNS = 4
+
+
+def _newest(view: OperatorView) -> tuple[float, float, float, float, float]:
+    """(arrived, executed, service seconds, CPU seconds, end) of the view's newest slot."""
     try:
         secs = view.seconds[-1]
         return (
             view.arrivals[-1] * secs,
             view.executed[-1] * secs,
             view.service_seconds[-1] if len(view.service_seconds) else np.nan,
+            view.cpu_seconds[-1],
             view.last_timestamp,
         )
     except IndexError:
-        return (np.nan, np.nan, np.nan, view.last_timestamp)
+        return (np.nan, np.nan, np.nan, np.nan, view.last_timestamp)
 
 
 def _second_differences(x: np.ndarray) -> np.ndarray:
@@ -389,3 +400,19 @@ def measure_variability(
             for i, k in enumerate(keys)
         }
     )
+
+
+def marginal_costs(
+    views: Mapping[OperatorKey, OperatorView],
+    memory: VariabilityMemory | None,
+    slots: int,
+    min_slots: int = 10,
+) -> dict[OperatorKey, float]:
+    """Each operator's CPU per extra tuple over its last ``slots`` slot totals
+    (:func:`predict.cost.marginal_cost_many`); operators whose slots cannot tell
+    it are left out. Reads the memory only."""
+    if memory is None or not views:
+        return {}
+    _, executed, _, cpu = memory.window(views, slots)
+    slope = marginal_cost_many(cpu, executed, min_slots=max(3, min_slots))
+    return {k: float(b) for k, b in zip(views, slope.tolist(), strict=True) if math.isfinite(b)}

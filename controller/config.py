@@ -601,6 +601,16 @@ class ControllerConfig:
     min_cap_cores: float = 0.05
     # A queue built during a burst is drained within this many slots.
     backlog_drain_slots: float = 1.0
+    # `on`: each application whose measured latency is over its target in more
+    # than latency_feedback_aim x its class's max_violation_ratio of its recent
+    # slots is sized for a tighter target and drains its queues sooner, by a gain
+    # in [0.25, 1] that falls while the share is over the aim and returns to 1
+    # below it (docs/controller.md, "Latency feedback"). `off`: the model alone.
+    latency_feedback: str = "off"
+    # The slots the measured share is taken over, in seconds.
+    latency_feedback_seconds: float = 30.0
+    # The share aimed at, as a part of the class's max_violation_ratio.
+    latency_feedback_aim: float = 0.5
     # Strategy names (one interface per decision): `qos-dp` divides CPU by QoS
     # class with the dynamic program, `demand` grants demand and scales nodes down.
     allocator: str = "qos-dp"
@@ -784,6 +794,19 @@ class ControllerConfig:
         require(self.headroom_cores >= 0, "headroom_cores", "must be >= 0")
         require(self.min_cap_cores > 0, "min_cap_cores", "must be positive")
         require(self.backlog_drain_slots > 0, "backlog_drain_slots", "must be positive")
+        require(
+            self.latency_feedback in ("on", "off"), "latency_feedback", "must be one of on, off"
+        )
+        require(
+            self.latency_feedback_seconds >= self.slot_seconds,
+            "latency_feedback_seconds",
+            "must be at least one slot (slot_seconds)",
+        )
+        require(
+            0 < self.latency_feedback_aim <= 1,
+            "latency_feedback_aim",
+            "must be in (0, 1]",
+        )
         require(
             self.cost_model in COST_MODELS,
             "cost_model",

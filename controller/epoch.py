@@ -43,6 +43,7 @@ from controller.stages.demand import (
     latency_needs,
 )
 from controller.stages.evaluate import OperatorView
+from controller.stages.feedback import FeedbackSettings
 from controller.stages.flow import bound_by_parents
 from controller.stages.forecast import (
     OperatorForecast,
@@ -124,6 +125,10 @@ class EpochResult:
     # source (stages/variability.py); the slots the memory keeps for them (0: none).
     variability: dict[OperatorKey, OperatorVariability] = field(default_factory=dict)
     variability_slots: int = 0
+    # Latency feedback: the settings the memory moves the gains with (None: off),
+    # and the gains this epoch sized each application with.
+    feedback: FeedbackSettings | None = None
+    latency_gains: dict[str, float] = field(default_factory=dict)
     # Per node: the interference correction applied or why none was
     # (stages/interference.py, Interference.record()).
     interference: dict[str, dict] = field(default_factory=dict)
@@ -238,7 +243,16 @@ def run_epoch(
                 views, memory.variability, cfg.variability_slots, cfg.variability_min_slots
             ),
         )
-    budgets = latency_budgets(views, forecasts, {a: c.target_seconds for a, c in classes.items()})
+    # Latency feedback: an application over its measured aim is sized for a
+    # tighter target and drains sooner (stages/feedback.py).
+    gains = (
+        {a: memory.latency_gain.get(a, 1.0) for a in classes}
+        if cfg.latency_feedback == "on"
+        else {}
+    )
+    budgets = latency_budgets(
+        views, forecasts, {a: c.target_seconds * gains.get(a, 1.0) for a, c in classes.items()}
+    )
     by_quantile = cfg.latency_criterion == "quantile"
     model = cfg.latency_model
     variability = measure_variability(
@@ -285,6 +299,7 @@ def run_epoch(
         drain_seconds=cfg.backlog_drain_slots * cfg.slot_seconds,
         floor_cores=cfg.min_cap_cores,
         kappa_factor=interference.factors,
+        drain_scale=gains or None,
     )
     models = (
         app_latency_models(
@@ -426,6 +441,14 @@ def run_epoch(
         variability=variability.by_operator,
         # The slot totals are kept for the measured C² and the marginal cost.
         variability_slots=0 if fixed and cfg.cost_model != "marginal" else cfg.variability_slots,
+        feedback=FeedbackSettings(
+            max(1, round(cfg.latency_feedback_seconds / cfg.slot_seconds)),
+            cfg.latency_feedback_aim,
+            cfg.slot_seconds,
+        )
+        if cfg.latency_feedback == "on"
+        else None,
+        latency_gains=gains,
         interference=interference.record(),
         timing={
             **_spans(

@@ -26,6 +26,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 from controller.stages.evaluate import SlotRows
+from controller.stages.feedback import FeedbackState
+from controller.stages.feedback import learn as learn_feedback
 from controller.stages.forecast import SourceHistory
 from controller.stages.hysteresis import HysteresisState
 from controller.stages.variability import VariabilityMemory
@@ -160,6 +162,8 @@ class MemoryView:
     forecast_bank: ConformalBank | None = None
     #: Each operator's recent slot totals (read with ``window`` only).
     variability: VariabilityMemory | None = None
+    #: Each application's latency-feedback gain (stages/feedback.py; 1 where absent).
+    latency_gain: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass
@@ -192,6 +196,8 @@ class ControllerMemory:
     slot_rows: SlotRows = field(default_factory=SlotRows, compare=False, repr=False)
     #: Each operator's last slot totals, for measuring its arrival and service C².
     variability: VariabilityMemory = field(default_factory=VariabilityMemory)
+    #: Each application's measured violations and latency-feedback gain.
+    latency_feedback: dict[str, FeedbackState] = field(default_factory=dict)
 
     @classmethod
     def resumed(
@@ -223,6 +229,7 @@ class ControllerMemory:
             self.peaks,
             self.forecast_bank,
             self.variability,
+            MappingProxyType({app: s.gain for app, s in self.latency_feedback.items()}),
         )
 
     def apply_seed(
@@ -283,6 +290,8 @@ class ControllerMemory:
         self._score_forecasts(result)
         if result.variability_slots:
             self.variability.observe(result.views, result.variability_slots)
+        if result.feedback is not None:
+            learn_feedback(self.latency_feedback, result.views, result.classes, result.feedback)
         held = self._held_now
         hysteresis = {k: s for k, s in self.hysteresis.items() if k in held} if held else {}
         hysteresis.update(zip(result.steps, map(_state, result.steps.values()), strict=True))

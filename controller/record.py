@@ -251,6 +251,9 @@ def build_record(
                 "latency_estimate_ms": _ms(estimates.get(app)),
                 "predicted_violation_ratio": predicted_violation.get(app),
                 "violation": lat is not None and lat > qos.target_latency_ms,
+                # The latency feedback's gain this epoch sized the app with (its
+                # target and drain span times it); null with the feedback off.
+                "latency_gain": result.latency_gains.get(app),
             }
         )
     dp = alloc.dp

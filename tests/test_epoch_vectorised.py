@@ -362,6 +362,7 @@ def build_record_scalar(
                 "latency_estimate_ms": _ms(estimates.get(app)),
                 "predicted_violation_ratio": predicted_violation.get(app),
                 "violation": lat is not None and lat > qos.target_latency_ms,
+                "latency_gain": result.latency_gains.get(app),
             }
         )
     dp = alloc.dp

@@ -138,6 +138,7 @@ def instance_demands(
     drain_seconds: float,
     floor_cores: float,
     kappa_factor: Mapping[InstanceKey, float] | None = None,
+    drain_scale: Mapping[str, float] | None = None,
 ) -> dict[InstanceKey, InstanceDemand]:
     """Every instance's demand from ``WithFloor(WithBacklogDrain(WithLatencyTarget(
     RateDemand(), needs, max_instance_cores), drain_seconds), floor_cores)`` (without
@@ -152,6 +153,9 @@ def instance_demands(
     CPU per tuple, and so every layer's cores, from its operator's: the
     interference correction of an instance on a node whose memory bandwidth
     saturates (:mod:`controller.stages.interference`).
+
+    ``drain_scale`` (app -> factor, 1 where missing) shortens an application's
+    drain span: the latency feedback's gain (:mod:`controller.stages.feedback`).
     """
     ops = list(views.values())
     if not ops:
@@ -194,7 +198,11 @@ def instance_demands(
     inst_kappa = np.repeat(kappa, counts)
     if factor is not None:
         inst_kappa = inst_kappa * factor
-    extra = queue * inst_kappa / drain_seconds
+    if drain_scale:
+        span = np.fromiter((drain_scale.get(v.key.app, 1.0) for v in ops), float, len(ops))
+        extra = queue * inst_kappa / (drain_seconds * np.repeat(span, counts))
+    else:
+        extra = queue * inst_kappa / drain_seconds
     reason = np.where(extra > cores, _BACKLOG, reason)
     cores = cores + extra
     low = ~(cores >= floor_cores)

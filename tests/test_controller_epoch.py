@@ -113,6 +113,15 @@ def run(controller, node, clock, epochs, rates):
     return rec
 
 
+def views_after(tmp_path, epochs: int, rates: dict[str, float]):
+    """A controller fed ``epochs`` slots of ``rates`` by a SyntheticNode, and the
+    views over its last 5 slots."""
+    clock = [1_000_000.0]
+    c = Controller(config(tmp_path), clock=lambda: clock[0])
+    run(c, SyntheticNode(c), clock, epochs, rates)
+    return c, evaluate(c.cluster, 5)
+
+
 @pytest.fixture
 def clock():
     return [1_000_000.0]
@@ -520,6 +529,7 @@ def test_marginal_cost_charges_a_step_up_its_tuples_not_the_fixed_cpu_again(tmp_
         node = FixedCostNode(c, fixed=0.02)
         for rate in levels:
             rec = run(c, node, clock, 1, {"wc": rate})
+        c.stop()
         split = next(o for o in rec["operators"] if o["operator"] == "split")
         sized = next(o for o in rec["sizing"]["operators"] if o["operator"] == "split")
         costs[model] = (split["kappa"], sized["window_kappa"], sized["sized_rate"])

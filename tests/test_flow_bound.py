@@ -14,20 +14,15 @@ from controller.core import Controller
 from controller.model import OperatorKey
 from controller.stages.allocation import AppAllocation, QosAllocation
 from controller.stages.demand import InstanceDemand, instance_demands
-from controller.stages.evaluate import evaluate
 from controller.stages.flow import bound_by_parents
 from controller.stages.forecast import forecast
-from tests.test_controller_epoch import SyntheticNode, config, run
+from tests.test_controller_epoch import SyntheticNode, config, run, views_after
 
 
 @pytest.fixture
 def wordcount(tmp_path):
     """Views, forecasts and demands of one WordCount app at 200 lines/s."""
-    clock = [1_000_000.0]
-    c = Controller(config(tmp_path), clock=lambda: clock[0])
-    node = SyntheticNode(c)
-    run(c, node, clock, 6, {"wc": 200.0})
-    views = evaluate(c.cluster, 5)
+    c, views = views_after(tmp_path, 6, {"wc": 200.0})
     forecasts = forecast(views, 5).forecasts
     demands = instance_demands(views, forecasts, None, 1.0, 1.0, 0.01)
     c.stop()

@@ -19,7 +19,7 @@ from controller.stages.feedback import (
     observe,
 )
 from dsched.config import ConfigError
-from tests.test_controller_epoch import SyntheticNode, config, run
+from tests.test_controller_epoch import SyntheticNode, config, views_after
 
 
 def test_the_gain_falls_while_slots_are_over_the_aim_and_returns_to_one_below_it():
@@ -50,13 +50,8 @@ def test_error_is_scaled_to_plus_minus_one(share, aim, want):
 
 
 def test_learn_takes_each_slot_once_and_forgets_apps_without_a_class(tmp_path):
-    clock = [1_000_000.0]
-    c = Controller(config(tmp_path), clock=lambda: clock[0])
-    node = SyntheticNode(c)
-    run(c, node, clock, 2, {"wc": 20})
-    from controller.stages.evaluate import evaluate
-
-    views = evaluate(c.cluster, 5)
+    c, views = views_after(tmp_path, 2, {"wc": 20})
+    c.stop()
     classes = {"wc": QosClass("bronze", 10.0, 0.5, 1.0)}  # 10 ms: every slot over
     states = {"gone": FeedbackState(5)}
     settings = FeedbackSettings(window=5, aim=0.5, slot_seconds=1.0)
@@ -79,6 +74,7 @@ def _demands(tmp_path, feedback: str, latency_s: float, epochs: int = 40):
         clock[0] += 1.0
         node.report(clock[0], {"wc": 50}, latency_s=latency_s)
         rec = c.run_epoch()
+    c.stop()
     app = rec["apps"][0]
     return app["latency_gain"], app["demand_cores"], c
 

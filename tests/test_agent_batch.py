@@ -243,12 +243,14 @@ def test_client_falls_back_to_single_updates_old_agent_stand_in(tmp_path):
 
     server = threading.Thread(target=old_agent, daemon=True)
     server.start()
-    client = AgentClient(str(path), flush_seconds=60)
+    # The stand-in serves one connection: a reply slowed past the timeout by a
+    # loaded machine would make the client reconnect to nobody.
+    client = AgentClient(str(path), flush_seconds=60, reply_timeout=30.0)
     try:
         client.update("wc", "count", 0, **COUNTERS)
         client.update("wc", "count", 1, **COUNTERS)
-        assert client.flush()
-        assert wait_for(lambda: len(seen) == 3)
+        assert client.flush(timeout=30.0)
+        assert wait_for(lambda: len(seen) == 3, timeout=30.0)
         assert [m["op"] for m in seen] == ["updates", "update", "update"]
         assert sorted(m["instance"] for m in seen[1:]) == [0, 1]
         assert list(client.rejections) == []

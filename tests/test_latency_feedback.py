@@ -105,7 +105,7 @@ def test_an_app_within_its_target_is_sized_by_the_model_alone(tmp_path):
     "key,value,match",
     [
         ("latency_feedback", "yes", "on, off"),
-        ("latency_feedback_seconds", 0.5, "at least one slot"),
+        ("latency_feedback_seconds", 0.0, "positive"),
         ("latency_feedback_aim", 0.0, r"\(0, 1\]"),
         ("latency_feedback_aim", 1.5, r"\(0, 1\]"),
     ],

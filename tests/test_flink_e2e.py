@@ -90,6 +90,18 @@ def _wait(what: str, check, timeout: float = 60.0, every: float = 0.5):
         time.sleep(every)
 
 
+def _division_cut(rec: dict, app: str) -> float:
+    """The cores the division (the QoS DP) cut from ``app`` in a record: the
+    ``qos-dp`` part of each of its cut reasons."""
+    return sum(
+        float(m.group(1))
+        for c in rec["cuts"]
+        if c["app"] == app
+        for m in [re.search(r"qos-dp ([0-9.]+)", c["reason"])]
+        if m
+    )
+
+
 def _instance_cgroups(root: Path, app: str) -> dict[str, Path]:
     """``operator-index`` -> cgroup dir of ``app``'s instances under ``root``."""
     out = {}
@@ -262,16 +274,21 @@ def test_dry_run_then_enforce_two_classes_then_cancel(flink_cluster, tmp_path, c
         enforce = [r for r in records if r["mode"] == "enforce" and r.get("apps")]
         assert enforce, "no enforce epoch recorded"
         by_app = [{a["app"]: a for a in r["apps"]} for r in enforce]
-        short = [a for a in by_app if a["bronze-wc"]["cut_cores"] + a["gold-wc"]["cut_cores"] > 0]
+        short = [
+            (a, r)
+            for a, r in zip(by_app, enforce, strict=True)
+            if a["bronze-wc"]["cut_cores"] + a["gold-wc"]["cut_cores"] > 0
+        ]
         assert short, "the node was never short"
-        for a in short:
+        for a, r in short:
             # Bronze gives first (cut, or already at its floors with nothing to give);
-            # gold loses CPU only once bronze is down to its floors.
+            # gold loses CPU to the division only once bronze is down to its floors.
+            # (A flow cut, CPU gold's parents could not use, is no part of the division.)
             bronze_at_floors = (
                 a["bronze-wc"]["allocated_cores"] <= a["bronze-wc"]["floor_cores"] + 1e-6
             )
             assert a["bronze-wc"]["cut_cores"] > 0 or bronze_at_floors
-            if a["gold-wc"]["cut_cores"] > 0.005:
+            if _division_cut(r, "gold-wc") > 0.005:
                 assert a["bronze-wc"]["allocated_cores"] <= a["bronze-wc"]["floor_cores"] + 1e-6
         for jid in jobs.values():
             assert flink.job_state(jid) == "RUNNING"
@@ -338,13 +355,19 @@ def test_two_taskmanagers_two_nodes_caps_go_to_the_right_node(
         flink.wait_running(jid, timeout=120)
         feeder = TraceFeeder(tmp_path / "in", 800.0).start()
         cluster.start()
-        # Where Flink runs each subtask, by its own account.
-        where = {}
-        detail = flink.rest.get(f"/jobs/{jid}")
-        for v in detail["vertices"]:
-            sub = flink.rest.get(f"/jobs/{jid}/vertices/{v['id']}")
-            for s in sub["subtasks"]:
-                where[(v["name"], s["subtask"])] = s["taskmanager-id"]
+
+        # Where Flink runs each subtask, by its own account (a subtask reads
+        # "(unassigned)" for a moment after the job turns RUNNING).
+        def placed():
+            where = {}
+            detail = flink.rest.get(f"/jobs/{jid}")
+            for v in detail["vertices"]:
+                sub = flink.rest.get(f"/jobs/{jid}/vertices/{v['id']}")
+                for s in sub["subtasks"]:
+                    where[(v["name"], s["subtask"])] = s["taskmanager-id"]
+            return where if "(unassigned)" not in where.values() else None
+
+        where = _wait("every subtask on a taskmanager", placed, 60)
         rid_node = {rid: node for node, (rid, _c, _e) in nodes.items()}
 
         def capped_everywhere():

@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 
 from controller.stages.columns import values_in_order
+from controller.stages.feedback import app_latencies_ms
 
 if TYPE_CHECKING:
     from controller.epoch import EpochResult
@@ -90,7 +91,8 @@ def build_record(
     alloc, steps, classes, budgets = result.alloc, result.steps, result.classes, result.budgets
     estimates, predicted_violation = result.estimates, result.predicted_violation
     capacity, room, peaks = result.capacity, result.room, result.peaks
-    measured: dict[str, float] = {}
+    # End-to-end latency is reported where root tuples complete (sinks).
+    measured = {app: lat for app, (lat, _end) in app_latencies_ms(views).items()}
     ops = list(views.items())
     # One row per instance, views in key order and their instances in order.
     # Columns are gathered with C-level maps and the rows built from them in
@@ -185,9 +187,6 @@ def build_record(
     start = 0
     for o, (op, v) in enumerate(ops):
         fc = forecasts[op]
-        if v.latency_ms is not None:
-            # End-to-end latency is reported where root tuples complete (sinks).
-            measured[op.app] = max(measured.get(op.app, 0.0), v.latency_ms)
         end = start + counts[o]
         operators.append(
             {

@@ -25,6 +25,7 @@ from controller.stages.demand import (
 )
 from controller.stages.evaluate import evaluate
 from controller.stages.forecast import forecast
+from dsched.config import ConfigError
 from dsched_pb import dsched_pb2 as pb
 from dsched_pb import dsched_pb2_grpc as pb_grpc
 from predict.queueing import allen_cunneen_wait
@@ -539,3 +540,8 @@ def test_marginal_cost_charges_a_step_up_its_tuples_not_the_fixed_cpu_again(tmp_
     true_cost = 0.02 + 0.001 * rate  # CPU-seconds per second at the sized rate
     assert km * rate == pytest.approx(true_cost, rel=0.05)
     assert kp * rate > 1.3 * true_cost
+
+
+def test_an_unknown_cost_model_is_refused_by_name():
+    with pytest.raises(ConfigError, match="cost_model.*proportional, marginal"):
+        ControllerConfig(cost_model="affine").validate()

@@ -198,11 +198,11 @@ def instance_demands(
     inst_kappa = np.repeat(kappa, counts)
     if factor is not None:
         inst_kappa = inst_kappa * factor
+    span = drain_seconds
     if drain_scale:
-        span = np.fromiter((drain_scale.get(v.key.app, 1.0) for v in ops), float, len(ops))
-        extra = queue * inst_kappa / (drain_seconds * np.repeat(span, counts))
-    else:
-        extra = queue * inst_kappa / drain_seconds
+        scale = np.fromiter((drain_scale.get(v.key.app, 1.0) for v in ops), float, len(ops))
+        span = drain_seconds * np.repeat(scale, counts)
+    extra = queue * inst_kappa / span
     reason = np.where(extra > cores, _BACKLOG, reason)
     cores = cores + extra
     low = ~(cores >= floor_cores)

@@ -125,17 +125,31 @@ MAX_NODES = 8
 
 
 # The paper's rules for the controller keys a profile sets (``Profile.rules``):
-# caps up to theta with theta/2 to spare, no dead band, the point forecast.
+# caps up to theta with theta/2 to spare, no dead band, the point forecast, CPU
+# per tuple proportional to the rate.
 PAPER_RULES: Mapping[str, Any] = MappingProxyType(
-    {"cap_rounding": "margin", "hysteresis_band": 0.0, "forecast_median": "off"}
+    {
+        "cap_rounding": "margin",
+        "hysteresis_band": 0.0,
+        "forecast_median": "off",
+        "cost_model": "proportional",
+    }
 )
 # dsched's own: to the nearest theta where theta is a small part of a cap; a dead
-# band of a quarter of the cap, as four decisions per trace slot would otherwise
-# move a cap every epoch; bronze sized for the median of next slot's arrivals,
-# as the max rule's point forecast asks for more than a class that tolerates
-# half its tuples late needs.
+# band of 40 % of the cap, as four decisions per trace slot would otherwise move
+# a cap every epoch and the random trace moves each level by more than a quarter
+# every 2 s; bronze sized for the median of next slot's arrivals, as the max
+# rule's point forecast asks for more than a class that tolerates half its
+# tuples late needs; CPU per tuple as an affine cost (a fixed part per slot plus
+# a slope per tuple), as the testbed's instances spend part of their CPU per
+# slot whatever their rate and the proportional cost overstates a rise.
 OWN_RULES: Mapping[str, Any] = MappingProxyType(
-    {"cap_rounding": "nearest", "hysteresis_band": 0.25, "forecast_median": "on"}
+    {
+        "cap_rounding": "nearest",
+        "hysteresis_band": 0.4,
+        "forecast_median": "on",
+        "cost_model": "marginal",
+    }
 )
 
 
@@ -178,7 +192,7 @@ PROFILES = {
     "default": Profile(
         "default",
         "dsched's own settings: 2-s trace slots, a decision every 0.5 s, theta 0.005 core "
-        "(caps to the nearest, a dead band of a quarter of the cap), "
+        "(caps to the nearest, a dead band of 40 % of the cap, an affine CPU cost), "
         "a trend over the last 2 s, one node of 1.6 cores",
         duration=80.0,
         slot_seconds=2.0,
@@ -575,7 +589,7 @@ def controller_config(
 
     Fine cap granularity by default: with a dozen executors sharing two cores,
     theta = 0.1 core would round each cap up by more than its whole demand.
-    ``rules`` (rounding, dead band, bronze's forecast) default to the paper's
+    ``rules`` (rounding, dead band, bronze's forecast, cost model) default to the paper's
     (:data:`PAPER_RULES`); the default profile passes :data:`OWN_RULES`: at theta
     = 0.005 the margin would hold about 0.06 core above a dozen grants.
     With several nodes the testbed's capacity is split evenly between them and

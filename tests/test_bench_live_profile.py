@@ -117,8 +117,10 @@ def test_default_profile_is_todays_behaviour():
     assert PROFILES["default"].theta_cores == 0.005
     # At that granularity caps go to the nearest theta, not up with a margin.
     assert r["controller"]["cap_rounding"] == s["cap_rounding"] == "nearest"
-    # and each cap holds through moves under a quarter of it (four decisions a slot).
-    assert r["controller"]["hysteresis_band"] == s["hysteresis_band"] == 0.25
+    # and each cap holds through moves under 40 % of it (four decisions a slot).
+    assert r["controller"]["hysteresis_band"] == s["hysteresis_band"] == 0.4
+    # CPU per tuple is affine in the rate: a slope fitted over the memory's slots.
+    assert r["controller"]["cost_model"] == s["cost_model"] == "marginal"
     # Bronze is sized for the median of next slot's arrivals.
     assert r["controller"]["forecast_median"] == s["forecast_median"] == "on"
 

@@ -618,6 +618,14 @@ def controller_config(
     return out
 
 
+def cpu_mode(args: argparse.Namespace) -> str:
+    """``--cpu``, else its default: a process per instance on one node; on several,
+    the instance's thread of its worker process, as every multi-node series ran."""
+    if args.cpu is not None:
+        return args.cpu
+    return "process" if args.nodes == 1 else "thread"
+
+
 def controller_options(args: argparse.Namespace) -> dict[str, Any]:
     """``--controller-option`` overrides, with ``--forecast-quantile`` set on every
     default class and ``--qos-class`` as the default class (the benchmark's
@@ -785,6 +793,7 @@ def run_contender(
                 on_worker_start=lambda node, pid: res.place_process(pid, roots[node]),
                 # Several pushes per epoch, so each epoch's counts are whole.
                 counters_seconds=settings.epoch_seconds / 4,
+                cpu=settings.cpu,
             )
         else:
             topo = LiveTopology(
@@ -1354,9 +1363,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cpu",
         choices=CPU_MODES,
-        default="process",
-        help="where an instance's per-tuple CPU work runs: its own process (default) or its "
-        "engine thread (threads of one process capped by CFS stall each other through the GIL)",
+        default=None,
+        help="where an instance's per-tuple CPU work runs: its own process or its engine "
+        "thread (threads of one process capped by CFS stall each other through the GIL). "
+        "Default: process on one node; thread on several, where the instances are threads "
+        "of the nodes' worker processes (the setting of every multi-node series so far)",
     )
     p.add_argument(
         "--controller-option",
@@ -1556,7 +1567,7 @@ def run(args: argparse.Namespace) -> int:
         args.capacity_cores,
         args.cpu_period_us,
         args.seed,
-        args.cpu,
+        cpu_mode(args),
         controller_options(args),
         workdir,
         reservation,
@@ -1611,9 +1622,11 @@ def run(args: argparse.Namespace) -> int:
         "warmup_seconds": args.warmup,
         "timeout_seconds": timeout,
         "cpu_period_us": args.cpu_period_us,
-        # Several nodes run the distributed testbed: its worker processes do each
-        # instance's CPU work in the instance's own thread.
-        "cpu_work_in": args.cpu if args.nodes == 1 else "worker-thread",
+        # Several nodes run the distributed testbed, whose instances are threads of
+        # its worker processes: "worker-thread" where they burn their CPU themselves.
+        "cpu_work_in": (
+            "worker-thread" if args.nodes > 1 and cpu_mode(args) == "thread" else cpu_mode(args)
+        ),
         "profile": profile_record(args, scn, settings.theta_cores),
         "nodes": {n: round(settings.node_cores, 5) for n in node_names(args.nodes)},
         "controller_config": {

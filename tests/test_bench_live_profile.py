@@ -20,6 +20,7 @@ from bench.live import (
     add_arguments,
     build_scenario,
     controller_config,
+    cpu_mode,
     paper_comparison,
     profile_record,
     resolve_profile,
@@ -133,6 +134,14 @@ def test_every_profile_sets_the_same_rules_and_each_is_a_valid_controller_settin
         assert set(prof.rules) == set(PAPER_RULES)
         ControllerConfig(**prof.rules).validate()
     assert OWN_RULES != PAPER_RULES
+
+
+def test_cpu_work_defaults_to_a_process_on_one_node_and_the_worker_thread_on_several():
+    assert cpu_mode(_resolved()[0]) == "process"
+    # Every multi-node series ran each instance's CPU in its worker thread.
+    assert cpu_mode(_resolved("--nodes", "2")[0]) == "thread"
+    assert cpu_mode(_resolved("--nodes", "2", "--cpu", "process")[0]) == "process"
+    assert cpu_mode(_resolved("--cpu", "thread")[0]) == "thread"
 
 
 def test_flags_given_override_the_profile():

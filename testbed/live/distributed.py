@@ -90,6 +90,7 @@ from pathlib import Path
 from controller.edges.parallelism import RescaleResult
 from controller.placement.migration import MoveResult, TestbedMoveActuator
 from controller.placement.model import Plan
+from testbed.live.engine import CPU_MODES
 from testbed.live.topology import Topology, TopologySpec, Tuple, key_slot
 from testbed.live.workers import (
     BATCH_SIZE,
@@ -148,7 +149,8 @@ class InstanceSlot:
     checkpoint: dict = field(default_factory=dict)
     replay: list[tuple] = field(default_factory=list)
     replies: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    native_tid: int | None = None  # the OS thread of its current incarnation
+    native_tid: int | None = None  # the OS thread that burns its CPU, this incarnation
+    native_pid: int | None = None  # that thread's process (its worker, or its CPU worker)
 
 
 def migration_result() -> MoveResult:
@@ -184,6 +186,7 @@ class DistributedTopology(Topology):
         on_worker_start: Callable[[str, int], None] | None = None,
         counters_seconds: float = 0.5,
         max_instances: int = MAX_INSTANCES,
+        cpu: str = "thread",
     ):
         """``nodes`` maps node id to its agent's registration socket (None: no agent).
 
@@ -196,8 +199,13 @@ class DistributedTopology(Topology):
         before it starts any instance (e.g. to put it into its node's cgroup).
         ``counters_seconds``: how often each worker pushes its instances' counters
         to its agent. ``max_instances``: the most instances ``rescale`` gives
-        one operator.
+        one operator. ``cpu``: where an instance's per-tuple CPU is burnt, in its
+        thread of the worker (``"thread"``) or in a process of its own started by
+        that thread (``"process"``); the thread or process doing it is the one
+        registered with the agent and capped.
         """
+        if cpu not in CPU_MODES:
+            raise ValueError(f"cpu must be one of {', '.join(CPU_MODES)}, got {cpu!r}")
         if not nodes:
             raise ValueError("nodes must name at least one node")
         if checkpoint_seconds <= 0:
@@ -253,6 +261,7 @@ class DistributedTopology(Topology):
         self._aborted = False
         self.on_worker_start = on_worker_start
         self.counters_seconds = counters_seconds
+        self.cpu = cpu
         self.max_instances = max_instances
         self._specs = {o.name: o for o in spec.operators}
         # (monotonic time, operator, instances before, after) of every rescale carried out.
@@ -279,11 +288,12 @@ class DistributedTopology(Topology):
             }
 
     def active(self) -> dict[InstanceRef, tuple[str, str, int, int | None]]:
-        """(operator, index) -> (worker id, node, worker pid, instance TID) of every
-        instance whose worker is alive (one being moved counts where it still runs)."""
+        """(operator, index) -> (worker id, node, PID and TID of the thread that burns
+        the instance's CPU) of every instance whose worker is alive (one being moved
+        counts where it still runs)."""
         with self._lock:
             return {
-                ref: (s.worker.id, s.worker.node, s.worker.pid, s.native_tid)
+                ref: (s.worker.id, s.worker.node, s.native_pid or s.worker.pid, s.native_tid)
                 for ref, s in self.slots.items()
                 if s.worker is not None and s.worker.alive
             }
@@ -358,6 +368,7 @@ class DistributedTopology(Topology):
             batch_size=self.batch_size,
             seed=self.seed,
             counters_seconds=self.counters_seconds,
+            cpu=self.cpu,
         )
         # Pickled first: an operator that does not pickle (a closure) fails here,
         # before a worker process is started to wait for it.
@@ -461,7 +472,7 @@ class DistributedTopology(Topology):
                 slot.worker = None
                 slot.replies.put(("stopped", handle))
             elif kind == "started":
-                slot.native_tid = item[3]
+                slot.native_tid, slot.native_pid = item[3], item[4]
                 slot.replies.put(("started", handle))
 
     # ------------------------------------------------------------ routing

@@ -5,8 +5,13 @@ or stateless, so that moving a stateless instance never restarts a process
 that holds state (the worker layout of the `liu` placement strategy:
 docs/placement.md, "Strategies"; docs/live-testbed.md, "Nodes and workers").
 Each worker hosts its instances as threads running the same per-tuple work as
-``engine.py`` (``burn`` plus the operator's function) and registers every
-instance thread's TID with the agent of its node.
+``engine.py`` (``burn`` plus the operator's function) and registers, with the
+agent of its node, the thread that burns each instance's CPU: the instance
+thread itself (``cpu="thread"``, the default), or with ``cpu="process"`` the
+instance's own :class:`~testbed.live.engine.CpuWorker`, started by the
+instance thread and stopped with it, so that a cap on one instance never
+stalls the other threads of its worker through the GIL (docs/live-benchmark.md,
+"Threads of one process under CFS caps").
 
 A worker talks to the driver (``distributed.DistributedTopology``) over one
 ``multiprocessing.connection`` (a Unix socket, or TCP for nodes in network
@@ -34,7 +39,8 @@ Messages, driver to worker (items of a batch):
 
 Worker to driver: ``("hello", worker_id, pid)`` first, then batches of
 ``("done", op, index, root, tid, sent, now, emitted)``,
-``("started", op, index, native_tid)``, ``("checkpointed", op, index, state)``
+``("started", op, index, native_tid, native_pid)`` (the thread that burns the
+instance's CPU and its process), ``("checkpointed", op, index, state)``
 and ``("stopped", op, index, state)``.
 """
 
@@ -54,7 +60,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from testbed.live.engine import InstanceCounters, burn
+from testbed.live.engine import CPU_MODES, CpuWorker, InstanceCounters, burn, chunks_for
 from testbed.live.topology import OperatorSpec, Tuple
 
 log = logging.getLogger(__name__)
@@ -166,6 +172,8 @@ class WorkerConfig:
     batch_size: int = BATCH_SIZE
     seed: int = 0
     counters_seconds: float = 0.5
+    # Where an instance's per-tuple CPU is burnt: "thread" or "process" (CPU_MODES).
+    cpu: str = "thread"
 
 
 _STOP = object()
@@ -191,13 +199,28 @@ class WorkerInstance:
 
     def _run(self) -> None:
         w, spec = self.worker, self.runtime.spec
-        tid = threading.get_native_id()
         for raw in self.replay:
             # Already acknowledged upstream: only the state must see it again.
             spec.fn(Tuple(*raw), self.state)
         self.replay = []
-        w.register(self.op, self.index, tid)
-        w.out.put(("started", self.op, self.index, tid), urgent=True)
+        cpu_worker = None
+        if w.config.cpu == "process":
+            cpu_worker = CpuWorker()
+            cpu_worker.wait_ready()
+            # A CPU worker is one single-threaded process: its TID is its PID.
+            pid = tid = cpu_worker.pid
+        else:
+            pid, tid = os.getpid(), threading.get_native_id()
+        try:
+            w.register(self.op, self.index, tid, pid)
+            w.out.put(("started", self.op, self.index, tid, pid), urgent=True)
+            self._serve(cpu_worker)
+        finally:
+            if cpu_worker is not None:
+                cpu_worker.close()
+
+    def _serve(self, cpu_worker: CpuWorker | None) -> None:
+        w, spec = self.worker, self.runtime.spec
         cost = spec.cost_ms / 1000.0
         while True:
             item = self.queue.get()
@@ -212,7 +235,10 @@ class WorkerInstance:
                 continue
             start = time.perf_counter()
             t = Tuple(*item)
-            burn(cost, self.rng)
+            if cpu_worker is None:
+                burn(cost, self.rng)
+            else:
+                cpu_worker.burn_chunks(chunks_for(cost, self.rng))
             out = spec.fn(t, self.state)
             sent = len(out) * self.runtime.children
             w.out.put(("done", self.op, self.index, t.root, t.tid, sent, time.time(), out))
@@ -230,6 +256,8 @@ class WorkerProcess:
     """The body of a worker process (also usable in-process for debugging)."""
 
     def __init__(self, config: WorkerConfig):
+        if config.cpu not in CPU_MODES:
+            raise ValueError(f"cpu must be one of {', '.join(CPU_MODES)}, got {config.cpu!r}")
         self.config = config
         self.conn = Client(config.address, authkey=config.authkey)
         self.conn.send(("hello", config.worker_id, os.getpid()))
@@ -248,7 +276,7 @@ class WorkerProcess:
             self._client = AgentClient(config.agent_socket)
         self._stop = threading.Event()
 
-    def register(self, op: str, index: int, tid: int) -> None:
+    def register(self, op: str, index: int, tid: int, pid: int) -> None:
         if self._client is not None:
             spec = self.config.operators[op].spec
             self._client.register(
@@ -258,6 +286,7 @@ class WorkerProcess:
                 self.config.worker_id,
                 spec.stateful,
                 tid=tid,
+                pid=pid,
                 upstream=spec.upstream,
             )
 

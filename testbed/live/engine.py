@@ -122,7 +122,8 @@ def burn(cpu_seconds: float, rng: random.Random) -> None:
 # endian), hashes that many 64 KiB chunks, answers one byte. It exits when its
 # input closes, so it never outlives the engine that started it; SIGINT and
 # SIGTERM sent to the whole process group (a terminal's Ctrl-C, `timeout`,
-# systemd) are left to the engine, which stops it in order.
+# systemd) are left to the engine, which stops it in order. An engine that
+# exits during a burn closes the answer pipe: the worker then exits quietly.
 _CPU_WORKER_SOURCE = """
 import hashlib, os, signal, struct
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -139,7 +140,10 @@ while True:
         k = min(n, per_call)
         hashlib.sha256(buf[: k * chunk]).digest()
         n -= k
-    os.write(1, b"d")
+    try:
+        os.write(1, b"d")
+    except BrokenPipeError:
+        break
 """
 
 CPU_MODES = ("process", "thread")

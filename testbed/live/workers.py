@@ -191,6 +191,9 @@ class WorkerInstance:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         # Set by a stop "now": leave the queue to the driver.
         self.yielding = threading.Event()
+        # Set while the agent knows the instance: its counters are pushed only then
+        # (a CPU worker takes a moment to start before the instance registers).
+        self.registered = threading.Event()
         self.counters = InstanceCounters()
         self.rng = random.Random(hash((worker.config.app, op, index, worker.config.seed)))
         self.thread = threading.Thread(
@@ -213,6 +216,7 @@ class WorkerInstance:
             pid, tid = os.getpid(), threading.get_native_id()
         try:
             w.register(self.op, self.index, tid, pid)
+            self.registered.set()
             w.out.put(("started", self.op, self.index, tid, pid), urgent=True)
             self._serve(cpu_worker)
         finally:
@@ -227,6 +231,7 @@ class WorkerInstance:
             if item is _STOP or self.yielding.is_set():
                 # Unregister before replying: a restart in this same process is
                 # only requested after the reply, so the agent sees them in order.
+                self.registered.clear()
                 w.unregister(self.op, self.index)
                 w.out.put(("stopped", self.op, self.index, self.state), urgent=True)
                 return
@@ -298,6 +303,8 @@ class WorkerProcess:
         if self._client is None:
             return
         for (op, index), inst in list(self.instances.items()):
+            if not inst.registered.is_set():
+                continue
             inst.counters.push(self._client, self.config.app, op, index, inst.queue.qsize())
 
     def _report(self) -> None:

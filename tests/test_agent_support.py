@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import grpc
@@ -201,6 +201,19 @@ def registration_server(tmp_path: Path) -> Iterator[tuple]:
     finally:
         server.stop()
         agent.close()
+
+
+def node_agents(
+    stack: ExitStack, tmp_path: Path, nodes: tuple[str, ...] = ("n1", "n2")
+) -> dict[str, tuple]:
+    """A :func:`registration_server` per node, each in its own directory, kept open
+    by ``stack``: node -> (agent, socket path as a string)."""
+    agents = {}
+    for node in nodes:
+        (tmp_path / node).mkdir()
+        agent, _server, path = stack.enter_context(registration_server(tmp_path / node))
+        agents[node] = (agent, str(path))
+    return agents
 
 
 def make_pki(directory: Path) -> dict[str, Path]:

@@ -18,7 +18,7 @@ import pytest
 from dsched.ids import InstanceKey
 from testbed.live.distributed import DistributedTopology
 from testbed.live.wordcount import WORDS_PER_SENTENCE, wordcount
-from tests.test_agent_support import registration_server, wait_for
+from tests.test_agent_support import node_agents, wait_for
 from tests.test_live_placement_migration import _move, _plan
 
 pytestmark = pytest.mark.slow
@@ -39,11 +39,7 @@ def _alive(pid: int) -> bool:
 
 def test_cpu_workers_are_registered_move_with_their_instance_and_end_with_it(tmp_path):
     with ExitStack() as stack:
-        agents = {}
-        for node in ("n1", "n2"):
-            (tmp_path / node).mkdir()
-            agent, _server, path = stack.enter_context(registration_server(tmp_path / node))
-            agents[node] = (agent, str(path))
+        agents = node_agents(stack, tmp_path)
         topo = DistributedTopology(
             wordcount(app=APP, parallelism=2, split_ms=0.5),
             lambda t: RATE,

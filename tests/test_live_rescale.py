@@ -33,7 +33,7 @@ from testbed.live.actuator import MoveEndpoint
 from testbed.live.distributed import DistributedTopology
 from testbed.live.topology import OperatorSpec, TopologySpec, Tuple, key_slot
 from testbed.live.wordcount import WORDS, WORDS_PER_SENTENCE
-from tests.test_agent_support import registration_server, wait_for
+from tests.test_agent_support import node_agents, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -120,11 +120,7 @@ def _keys_at_their_owner(topo: DistributedTopology) -> None:
 def test_count_and_split_rescaled_under_load_lose_and_duplicate_nothing(tmp_path):
     sentences: list[str] = []
     with ExitStack() as stack:
-        agents = {}
-        for node in ("n1", "n2"):
-            (tmp_path / node).mkdir()
-            agent, _server, path = stack.enter_context(registration_server(tmp_path / node))
-            agents[node] = (agent, str(path))
+        agents = node_agents(stack, tmp_path)
         topo = DistributedTopology(
             _spec(sentences),
             lambda t: RATE,

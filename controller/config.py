@@ -595,6 +595,9 @@ class ControllerConfig:
     # trace's level changes every few epochs, a cap that falls right after each
     # rise is raised again at the next.
     lower_after_epochs: int = 0
+    # A cap falls, band or not, once its demand has fallen this many epochs in a
+    # row (by theta/2 in all): a falling trend, not noise. 0: off.
+    lower_after_falls: int = 0
     # Per-node CPU kept free of caps (anti-saturation).
     headroom_cores: float = 0.1
     # No instance is capped below this, so a quiet instance can still wake up.
@@ -789,6 +792,11 @@ class ControllerConfig:
         require(
             type(self.lower_after_epochs) is int and self.lower_after_epochs >= 0,
             "lower_after_epochs",
+            "must be a whole number of epochs >= 0",
+        )
+        require(
+            type(self.lower_after_falls) is int and self.lower_after_falls >= 0,
+            "lower_after_falls",
             "must be a whole number of epochs >= 0",
         )
         require(self.headroom_cores >= 0, "headroom_cores", "must be >= 0")

@@ -346,6 +346,7 @@ def run_epoch(
         cfg.hysteresis_band,
         cfg.lower_after_epochs,
         cfg.cap_rounding,
+        cfg.lower_after_falls,
     )
     room = {n: max(0.0, c - cfg.headroom_cores) for n, c in capacity.items()}
     weight = {a: c.weight for a, c in classes.items()}

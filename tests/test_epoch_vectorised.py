@@ -408,11 +408,12 @@ def build_record_scalar(
 
 
 def apply_hysteresis_scalar(
-    allocated, memory, theta, max_cap, band=0.0, lower_after=0, rounding="margin"
+    allocated, memory, theta, max_cap, band=0.0, lower_after=0, rounding="margin", falls=0
 ):
     steps = {}
     for k, cores in allocated.items():
-        s = step(memory.get(k, HysteresisState()), cores, theta, band, lower_after, rounding)
+        state = memory.get(k, HysteresisState())
+        s = step(state, cores, theta, band, lower_after, rounding, falls)
         limit = max_cap.get(k, math.inf)
         if s.cap > limit:
             s = HysteresisStep(limit, s.changed, s.reason, s.state._replace(cap=limit))
@@ -556,28 +557,32 @@ def test_instance_demands_equal_the_estimators(cluster, data):
             st.floats(0, 0.3),
             st.none() | st.floats(0.1, 8),
             st.integers(0, 5),
+            st.integers(0, 4),
         ),
         min_size=1,
         max_size=60,
     ),
     st.sampled_from([0.05, 0.1, 0.2, 0.25]),
-    st.sampled_from([0.0, 0.1, 0.25]),
+    st.sampled_from([0.0, 0.1, 0.25, 0.4]),
     st.sampled_from([0, 1, 4]),
     st.sampled_from(CAP_ROUNDINGS),
+    st.sampled_from([0, 1, 3]),
 )
-def test_apply_hysteresis_equals_step_per_instance(rows, theta, band, lower_after, rounding):
+def test_apply_hysteresis_equals_step_per_instance(
+    rows, theta, band, lower_after, rounding, lower_after_falls
+):
     allocated, memory, max_cap = {}, {}, {}
-    for i, (demand, kind, cap, prev, acc, limit, stood) in enumerate(rows):
+    for i, (demand, kind, cap, prev, acc, limit, stood, falls) in enumerate(rows):
         k = InstanceKey("a", "op", i)
         allocated[k] = demand
         if kind == "resumed":
             memory[k] = HysteresisState(cap=cap)
         elif kind == "full":
-            memory[k] = HysteresisState(cap, prev, acc, stood)
+            memory[k] = HysteresisState(cap, prev, acc, stood, falls)
         if limit is not None:
             max_cap[k] = limit
-    want = apply_hysteresis_scalar(allocated, memory, theta, max_cap, band, lower_after, rounding)
-    args = (band, lower_after, rounding)
+    args = (band, lower_after, rounding, lower_after_falls)
+    want = apply_hysteresis_scalar(allocated, memory, theta, max_cap, *args)
     assert apply_hysteresis(allocated, memory, theta, max_cap, *args) == want
     # The epoch passes columns; the answer is the same.
     keys = list(allocated)

@@ -184,6 +184,47 @@ def test_a_fall_waits_until_the_cap_has_stood_lower_after_epochs():
     assert again.reason == "hold" and again.state.stood == 1
 
 
+def test_a_demand_falling_epochs_in_a_row_lowers_through_the_band():
+    theta, band = 0.005, 0.4
+    s = step(HysteresisState(), 1.0, theta, band).state
+    # Three falls of 5 % each: 14 % in all, well inside a band of 40 %.
+    reasons = []
+    for demand in (0.95, 0.90, 0.86):
+        r = step(s, demand, theta, band, lower_after_falls=3)
+        reasons.append(r.reason)
+        s = r.state
+    assert reasons == ["hold", "hold", "lower"] and r.cap == quantize(0.86, theta)
+    assert r.state.falls == 0
+    # Off (the default), the band holds the cap through the same falls.
+    off = step(HysteresisState(), 1.0, theta, band).state
+    for demand in (0.95, 0.90, 0.86):
+        held = step(off, demand, theta, band)
+        off = held.state
+    assert held.reason == "hold" and held.cap == quantize(1.0, theta) and held.state.falls == 3
+    # A rise between the falls starts the count again: noise, not a trend.
+    s = step(HysteresisState(), 1.0, theta, band).state
+    for demand in (0.95, 0.90, 0.93, 0.88, 0.85):
+        r = step(s, demand, theta, band, lower_after_falls=3)
+        s = r.state
+    assert r.reason == "hold" and r.state.falls == 2
+    # Falls smaller than theta/2 in all move nothing, though the target is lower.
+    s = step(HysteresisState(), 0.998, theta, band, rounding="nearest").state
+    assert s.cap == 1.0
+    for demand in (0.9979, 0.9978, 0.9974):
+        r = step(s, demand, theta, band, rounding="nearest", lower_after_falls=3)
+        s = r.state
+    assert quantize(0.9974, theta, "nearest") < 1.0
+    assert r.reason == "hold" and r.state.falls == 3
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_bad_lower_after_falls_is_refused(bad):
+    from controller.config import ConfigError, ControllerConfig
+
+    with pytest.raises(ConfigError, match="lower_after_falls"):
+        ControllerConfig(lower_after_falls=bad).validate()
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
 def test_bad_lower_after_epochs_is_refused(bad):
     from controller.config import ConfigError, ControllerConfig

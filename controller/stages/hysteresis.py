@@ -34,6 +34,12 @@ autoscalers and the Flink autoscaler, in epochs. Where a trace's level changes
 every few epochs, a cap that falls in the epoch after each rise drains its
 queue and is raised again in the next; 0 or 1 (the default 0) is the paper's
 rule.
+
+``lower_after_falls`` lets a fall through, band or not, once the demand has
+fallen that many epochs in a row (and by theta/2 in all): the band is there
+for noise, and a demand that keeps falling is a trend. On a trace whose levels
+fall smoothly the band would otherwise hold each cap above a falling demand
+until it had fallen by the band's share. 0 (the default): off.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ class HysteresisState(NamedTuple):
     demand: float | None = None  # the demand seen in the last epoch
     accumulated_decrease: float = 0.0
     stood: int = 0  # epochs the cap has been in force since it last changed
+    falls: int = 0  # epochs in a row, up to the last, whose demand fell
 
 
 class HysteresisStep(NamedTuple):
@@ -99,6 +106,7 @@ def step(
     band: float = 0.0,
     lower_after_epochs: int = 0,
     rounding: str = "margin",
+    lower_after_falls: int = 0,
 ) -> HysteresisStep:
     """One epoch from ``state`` with this epoch's raw demand: the cap and the new state.
 
@@ -106,7 +114,9 @@ def step(
     the dead band around the cap: a raise must take it up by more than that
     share, a fall must have accumulated at least that share (and theta/2).
     ``lower_after_epochs`` lets a fall through only once the cap in force has
-    stood that many epochs, this one included. ``rounding``: :func:`quantize`'s."""
+    stood that many epochs, this one included. ``rounding``: :func:`quantize`'s.
+    ``lower_after_falls`` (0: off) lets a fall through once the demand has fallen
+    that many epochs in a row, whatever the band."""
     target = quantize(demand_cores, theta, rounding)
     prev_demand = state.demand
     if state.cap is None:
@@ -119,14 +129,19 @@ def step(
         # cancels part of an earlier fall instead of being forgotten.
         accumulated = max(0.0, accumulated + prev_demand - demand_cores)
     stood = state.stood + 1
+    falls = state.falls + 1 if prev_demand is not None and demand_cores < prev_demand else 0
+    trend = 0 < lower_after_falls <= falls and accumulated >= theta / 2 - 1e-12
     if (
         target < state.cap
-        and accumulated >= max(theta / 2, band * state.cap) - 1e-12
+        and (accumulated >= max(theta / 2, band * state.cap) - 1e-12 or trend)
         and stood >= lower_after_epochs
     ):
         return HysteresisStep(target, True, "lower", HysteresisState(target, demand_cores))
     return HysteresisStep(
-        state.cap, False, "hold", HysteresisState(state.cap, demand_cores, accumulated, stood)
+        state.cap,
+        False,
+        "hold",
+        HysteresisState(state.cap, demand_cores, accumulated, stood, falls),
     )
 
 
@@ -207,6 +222,8 @@ class StepColumns:
     accumulated: np.ndarray
     # Epochs the cap in force before this epoch will have stood if it is kept.
     stood: np.ndarray
+    # Epochs in a row, this one included, whose demand fell (kept if the cap is).
+    falls: np.ndarray
     # The cap in force before this epoch (NaN: none); None where not known.
     previous: np.ndarray | None = None
     # The decrease accumulated if the cap in force is kept; None where not known.
@@ -215,7 +232,8 @@ class StepColumns:
     def steps(self) -> dict[InstanceKey, HysteresisStep]:
         caps = self.cap.tolist()
         stood = np.where(self.changed, 0, self.stood).tolist()
-        states = tuples(HysteresisState, caps, self.demand, self.accumulated.tolist(), stood)
+        falls = np.where(self.changed, 0, self.falls).tolist()
+        states = tuples(HysteresisState, caps, self.demand, self.accumulated.tolist(), stood, falls)
         steps = tuples(HysteresisStep, caps, self.changed.tolist(), self.reason, states)
         return dict(zip(self.keys, steps, strict=True))
 
@@ -223,7 +241,7 @@ class StepColumns:
     def of(cls, steps: Mapping[InstanceKey, HysteresisStep]) -> StepColumns:
         keys = list(steps)
         cap, changed, reason, states = zip(*steps.values(), strict=True) if keys else ((),) * 4
-        _, demand, accumulated, stood = zip(*states, strict=True) if keys else ((),) * 4
+        _, demand, accumulated, stood, falls = zip(*states, strict=True) if keys else ((),) * 5
         return cls(
             keys,
             np.array(cap, dtype=float),
@@ -232,6 +250,7 @@ class StepColumns:
             list(demand),
             np.array(accumulated, dtype=float),
             np.array(stood, dtype=int),
+            np.array(falls, dtype=int),
         )
 
 
@@ -243,12 +262,13 @@ def apply_hysteresis(
     band: float = 0.0,
     lower_after_epochs: int = 0,
     rounding: str = "margin",
+    lower_after_falls: int = 0,
 ) -> dict[InstanceKey, HysteresisStep]:
     """Per instance: raise at once, lower after theta/2, quantize; never above the node.
 
     ``memory`` is read only; each step carries the instance's new state."""
     return hysteresis_columns(
-        allocated, memory, theta, max_cap, band, lower_after_epochs, rounding
+        allocated, memory, theta, max_cap, band, lower_after_epochs, rounding, lower_after_falls
     ).steps()
 
 
@@ -260,6 +280,7 @@ def hysteresis_columns(
     band: float = 0.0,
     lower_after_epochs: int = 0,
     rounding: str = "margin",
+    lower_after_falls: int = 0,
 ) -> StepColumns:
     """:func:`apply_hysteresis` as columns. This is :func:`step` for every
     instance at once: the same comparisons and arithmetic in the same order on
@@ -272,11 +293,20 @@ def hysteresis_columns(
     if not keys:
         empty = np.empty(0)
         return StepColumns(
-            [], empty, empty.astype(bool), [], [], empty, empty.astype(int), empty, empty
+            [],
+            empty,
+            empty.astype(bool),
+            [],
+            [],
+            empty,
+            empty.astype(int),
+            empty.astype(int),
+            empty,
+            empty,
         )
     demand = np.fromiter(demand_in, float, n)
     target = quantize_many(demand, theta, rounding)
-    old_cap, old_demand, old_acc, old_stood = zip(
+    old_cap, old_demand, old_acc, old_stood, old_falls = zip(
         *values_in_order(memory, keys, _FRESH), strict=True
     )
     fresh = np.fromiter((c is None for c in old_cap), bool, n)
@@ -285,17 +315,23 @@ def hysteresis_columns(
     prev = np.array([0.0 if p is None else p for p in old_demand], dtype=float)
     acc = np.fromiter(old_acc, float, n)
     stood = np.fromiter(old_stood, int, n) + 1
+    falls = np.where(~no_prev & (demand < prev), np.fromiter(old_falls, int, n) + 1, 0)
     raise_ = ~fresh & (target > cap + band * cap)
     # Net decrease since the last change: a rise that stays under the cap
     # cancels part of an earlier fall instead of being forgotten.
     fell = acc + prev - demand
     accumulated = np.where(no_prev, acc, np.where(fell > 0.0, fell, 0.0))
     needed = np.maximum(theta / 2, band * cap)
+    trend = (
+        (falls >= lower_after_falls) & (accumulated >= theta / 2 - 1e-12)
+        if lower_after_falls > 0
+        else np.zeros(n, dtype=bool)
+    )
     lower = (
         ~fresh
         & ~raise_
         & (target < cap)
-        & (accumulated >= needed - 1e-12)
+        & ((accumulated >= needed - 1e-12) | trend)
         & (stood >= lower_after_epochs)
     )
     hold = ~(fresh | raise_ | lower)
@@ -311,6 +347,7 @@ def hysteresis_columns(
         demand_in,
         np.where(hold, accumulated, 0.0),
         stood,
+        falls,
         np.where(fresh, np.nan, cap),
         accumulated,
     )

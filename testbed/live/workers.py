@@ -206,15 +206,14 @@ class WorkerInstance:
             # Already acknowledged upstream: only the state must see it again.
             spec.fn(Tuple(*raw), self.state)
         self.replay = []
-        cpu_worker = None
-        if w.config.cpu == "process":
-            cpu_worker = CpuWorker()
-            cpu_worker.wait_ready()
-            # A CPU worker is one single-threaded process: its TID is its PID.
-            pid = tid = cpu_worker.pid
-        else:
-            pid, tid = os.getpid(), threading.get_native_id()
+        cpu_worker = CpuWorker() if w.config.cpu == "process" else None
         try:
+            if cpu_worker is not None:
+                cpu_worker.wait_ready()
+                # A CPU worker is one single-threaded process: its TID is its PID.
+                pid = tid = cpu_worker.pid
+            else:
+                pid, tid = os.getpid(), threading.get_native_id()
             w.register(self.op, self.index, tid, pid)
             self.registered.set()
             w.out.put(("started", self.op, self.index, tid, pid), urgent=True)

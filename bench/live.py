@@ -1625,7 +1625,7 @@ def run(args: argparse.Namespace) -> int:
         # Several nodes run the distributed testbed, whose instances are threads of
         # its worker processes: "worker-thread" where they burn their CPU themselves.
         "cpu_work_in": (
-            "worker-thread" if args.nodes > 1 and cpu_mode(args) == "thread" else cpu_mode(args)
+            "worker-thread" if args.nodes > 1 and settings.cpu == "thread" else settings.cpu
         ),
         "profile": profile_record(args, scn, settings.theta_cores),
         "nodes": {n: round(settings.node_cores, 5) for n in node_names(args.nodes)},

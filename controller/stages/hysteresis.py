@@ -323,9 +323,7 @@ def hysteresis_columns(
     accumulated = np.where(no_prev, acc, np.where(fell > 0.0, fell, 0.0))
     needed = np.maximum(theta / 2, band * cap)
     trend = (
-        (falls >= lower_after_falls) & (accumulated >= theta / 2 - 1e-12)
-        if lower_after_falls > 0
-        else np.zeros(n, dtype=bool)
+        (lower_after_falls > 0) & (falls >= lower_after_falls) & (accumulated >= theta / 2 - 1e-12)
     )
     lower = (
         ~fresh

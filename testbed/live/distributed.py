@@ -90,7 +90,7 @@ from pathlib import Path
 from controller.edges.parallelism import RescaleResult
 from controller.placement.migration import MoveResult, TestbedMoveActuator
 from controller.placement.model import Plan
-from testbed.live.engine import CPU_MODES
+from testbed.live.engine import check_cpu_mode
 from testbed.live.topology import Topology, TopologySpec, Tuple, key_slot
 from testbed.live.workers import (
     BATCH_SIZE,
@@ -204,8 +204,7 @@ class DistributedTopology(Topology):
         that thread (``"process"``); the thread or process doing it is the one
         registered with the agent and capped.
         """
-        if cpu not in CPU_MODES:
-            raise ValueError(f"cpu must be one of {', '.join(CPU_MODES)}, got {cpu!r}")
+        check_cpu_mode(cpu)
         if not nodes:
             raise ValueError("nodes must name at least one node")
         if checkpoint_seconds <= 0:

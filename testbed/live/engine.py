@@ -51,6 +51,7 @@ from testbed.live.topology import (
 
 __all__ = [
     "CPU_MODES",
+    "check_cpu_mode",
     "Acker",
     "CpuWorker",
     "Emit",
@@ -189,6 +190,13 @@ class CpuWorker:
             self.process.wait()
 
 
+def check_cpu_mode(cpu: str) -> str:
+    """``cpu`` itself, if it is one of :data:`CPU_MODES`; else a ValueError naming them."""
+    if cpu not in CPU_MODES:
+        raise ValueError(f"cpu must be one of {', '.join(CPU_MODES)}, got {cpu!r}")
+    return cpu
+
+
 def default_cpu_mode() -> str:
     """``process`` where the agent will accept another process's thread (root)."""
     return "process" if os.geteuid() == 0 else "thread"
@@ -305,9 +313,7 @@ class LiveTopology(Topology):
         if not (math.isfinite(report_seconds) and report_seconds > 0):
             raise ValueError(f"report_seconds must be a positive number, got {report_seconds!r}")
         self.report_seconds = report_seconds
-        self.cpu = cpu or default_cpu_mode()
-        if self.cpu not in CPU_MODES:
-            raise ValueError(f"cpu must be one of {', '.join(CPU_MODES)}, got {cpu!r}")
+        self.cpu = check_cpu_mode(cpu or default_cpu_mode())
         super().__init__(
             spec, rate, timeout_seconds=timeout_seconds, seed=seed, group_keys=group_keys
         )

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from testbed.live.engine import CPU_MODES, CpuWorker, InstanceCounters, burn, chunks_for
+from testbed.live.engine import CpuWorker, InstanceCounters, burn, check_cpu_mode, chunks_for
 from testbed.live.topology import OperatorSpec, Tuple
 
 log = logging.getLogger(__name__)
@@ -260,8 +260,7 @@ class WorkerProcess:
     """The body of a worker process (also usable in-process for debugging)."""
 
     def __init__(self, config: WorkerConfig):
-        if config.cpu not in CPU_MODES:
-            raise ValueError(f"cpu must be one of {', '.join(CPU_MODES)}, got {config.cpu!r}")
+        check_cpu_mode(config.cpu)
         self.config = config
         self.conn = Client(config.address, authkey=config.authkey)
         self.conn.send(("hello", config.worker_id, os.getpid()))

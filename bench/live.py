@@ -125,12 +125,13 @@ MAX_NODES = 8
 
 
 # The paper's rules for the controller keys a profile sets (``Profile.rules``):
-# caps up to theta with theta/2 to spare, no dead band, the point forecast, CPU
-# per tuple proportional to the rate.
+# caps up to theta with theta/2 to spare, no dead band (so nothing to fall
+# through), the point forecast, CPU per tuple proportional to the rate.
 PAPER_RULES: Mapping[str, Any] = MappingProxyType(
     {
         "cap_rounding": "margin",
         "hysteresis_band": 0.0,
+        "lower_after_falls": 0,
         "forecast_median": "off",
         "cost_model": "proportional",
     }
@@ -138,7 +139,10 @@ PAPER_RULES: Mapping[str, Any] = MappingProxyType(
 # dsched's own: to the nearest theta where theta is a small part of a cap; a dead
 # band of 40 % of the cap, as four decisions per trace slot would otherwise move
 # a cap every epoch and the random trace moves each level by more than a quarter
-# every 2 s; bronze sized for the median of next slot's arrivals, as the max
+# every 2 s; a cap falls through that band once its demand has fallen three
+# epochs in a row, as the regular trace's levels fall smoothly and a fall that
+# must gather 40 % of the cap first holds CPU the trace no longer asks for;
+# bronze sized for the median of next slot's arrivals, as the max
 # rule's point forecast asks for more than a class that tolerates half its
 # tuples late needs; CPU per tuple as an affine cost (a fixed part per slot plus
 # a slope per tuple), as the testbed's instances spend part of their CPU per
@@ -147,6 +151,7 @@ OWN_RULES: Mapping[str, Any] = MappingProxyType(
     {
         "cap_rounding": "nearest",
         "hysteresis_band": 0.4,
+        "lower_after_falls": 3,
         "forecast_median": "on",
         "cost_model": "marginal",
     }

@@ -75,6 +75,7 @@ def test_seed001_profile_sets_the_papers_settings():
     assert c["cap_rounding"] == s["cap_rounding"] == "margin"
     # and the paper's hysteresis, a decision per slot with no dead band.
     assert c["hysteresis_band"] == s["hysteresis_band"] == 0.0
+    assert c["lower_after_falls"] == s["lower_after_falls"] == 0
     # and its point forecast.
     assert c["forecast_median"] == s["forecast_median"] == "off"
     # A backlog drains within one 10-s slot, as the paper's.
@@ -120,6 +121,8 @@ def test_default_profile_is_todays_behaviour():
     assert r["controller"]["cap_rounding"] == s["cap_rounding"] == "nearest"
     # and each cap holds through moves under 40 % of it (four decisions a slot).
     assert r["controller"]["hysteresis_band"] == s["hysteresis_band"] == 0.4
+    # and falls through the band after three falling epochs in a row.
+    assert r["controller"]["lower_after_falls"] == s["lower_after_falls"] == 3
     # CPU per tuple is affine in the rate: a slope fitted over the memory's slots.
     assert r["controller"]["cost_model"] == s["cost_model"] == "marginal"
     # Bronze is sized for the median of next slot's arrivals.

@@ -197,7 +197,8 @@ PROFILES = {
     "default": Profile(
         "default",
         "dsched's own settings: 2-s trace slots, a decision every 0.5 s, theta 0.005 core "
-        "(caps to the nearest, a dead band of 40 % of the cap, an affine CPU cost), "
+        "(caps to the nearest, a dead band of 40 % of the cap that a cap falls through "
+        "after three falling epochs, an affine CPU cost), "
         "a trend over the last 2 s, one node of 1.6 cores",
         duration=80.0,
         slot_seconds=2.0,
@@ -1288,7 +1289,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="default",
         metavar="NAME",
         help="named settings: "
-        + "; ".join(f"{n}: {prof.about}" for n, prof in PROFILES.items())
+        # argparse expands % in help strings: a profile's "40 % of" is literal.
+        + "; ".join(f"{n}: {prof.about}" for n, prof in PROFILES.items()).replace("%", "%%")
         + ". Sets --duration, --slot-seconds, --epoch-seconds, --warmup, --capacity-cores, "
         "--nodes, --theta-cores and --phi; any of these flags given explicitly overrides "
         "the profile's value (default: default)",

@@ -160,6 +160,10 @@ class EngineConfig:
         }
 
 
+#: Where NodeSample.other_cpu_cores comes from (AgentConfig.node_cpu).
+NODE_CPU_SOURCES = ("host", "cgroup")
+
+
 @dataclass
 class AgentConfig:
     """All agent settings; the defaults suit a single node talking to a local controller."""
@@ -203,6 +207,12 @@ class AgentConfig:
     # set, it is also enforced as the quota of the agent's root cgroup, so the
     # capacity the controller plans with is the capacity the kernel grants.
     capacity_cores: float = 0.0
+    # Where the node's CPU beyond its instances (NodeSample.other_cpu_cores) is
+    # read: `host`, the machine's busy time less the instances' (one agent per
+    # machine), or `cgroup`, the threads the agent's root cgroup holds directly
+    # (the node's processes run inside that root: a container, or several
+    # agents sharing one machine, each with a root of its own).
+    node_cpu: str = "host"
     # Where resctrl is mounted (LLC occupancy, memory bandwidth); absent: unavailable.
     resctrl_mount: str = "/sys/fs/resctrl"
     # The /proc to read threads from (tests point it elsewhere).
@@ -253,6 +263,7 @@ class AgentConfig:
         )
         require(self.discovery_seconds > 0, "discovery_seconds", "must be > 0")
         require(self.capacity_cores >= 0, "capacity_cores", "must be >= 0 (0 = all CPUs)")
+        require(self.node_cpu in NODE_CPU_SOURCES, "node_cpu", "one of host, cgroup")
         names = [e.name for e in self.engine if e.name]
         for i, e in enumerate(self.engine):
             require(

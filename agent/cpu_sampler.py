@@ -30,6 +30,7 @@ from agent.sampling import (
     NetlinkInterfaces,
     NodeCpu,
     Resctrl,
+    RootThreadsCpu,
     ThreadCpuReader,
     process_start_ticks,
     read_pressure,
@@ -129,8 +130,12 @@ class CpuSampler:
         resctrl_mount: str = "/sys/fs/resctrl",
         resctrl_writable: bool = True,
         capacity_limit: float = 0.0,
+        root_threads: RootThreadsCpu | None = None,
     ):
         self.registry = registry
+        # node_cpu = "cgroup": the node's other CPU is its root's own threads';
+        # None: the host's busy time less the instances'.
+        self.root_threads = root_threads
         self.proc_root = proc_root
         self.thread_cpu = ThreadCpuReader(proc_root)
         self.node_cpu = NodeCpu()
@@ -285,11 +290,22 @@ class CpuSampler:
             names += ["llc_occupancy", "memory_bandwidth"]
         return names
 
-    def node_sample(self, records: list[InstanceRecord]) -> pb.NodeSample:
+    def node_sample(
+        self, records: list[InstanceRecord], instances_cores: float = 0.0
+    ) -> pb.NodeSample:
+        """The node's sample for the slot; ``instances_cores``: what its instances used."""
+        if self.root_threads is None:
+            usage = self.node_cpu.usage_cores()
+            # The two windows end a few microseconds apart: never below zero.
+            other = max(0.0, usage - instances_cores)
+        else:
+            other = self.root_threads.usage_cores()
+            usage = instances_cores + other
         node = pb.NodeSample(
             cpu_capacity_cores=self.capacity_cores,
-            cpu_usage_cores=self.node_cpu.usage_cores(),
+            cpu_usage_cores=usage,
             memory_used_bytes=float(psutil.virtual_memory().used),
+            other_cpu_cores=other,
         )
         pressure = read_pressure()
         if pressure is not None:

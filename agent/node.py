@@ -40,7 +40,7 @@ from agent.lease import Lease
 from agent.metrics import AgentMetrics
 from agent.registry import InstanceRecord, RegistrationError, Registry, make_key
 from agent.reporter import Reporter
-from agent.sampling import ThreadCpuReader, process_start_ticks, thread_alive
+from agent.sampling import RootThreadsCpu, ThreadCpuReader, process_start_ticks, thread_alive
 from dsched.ids import InstanceKey
 from dsched_pb import dsched_pb2 as pb
 
@@ -76,6 +76,11 @@ class NodeAgent:
             config.resctrl_mount,
             resctrl_writable=not config.dry_run and not await_controller,
             capacity_limit=config.capacity_cores,
+            root_threads=(
+                RootThreadsCpu(functools.partial(backend.tids, backend.root), config.proc_root)
+                if config.node_cpu == "cgroup"
+                else None
+            ),
         )
         self.enforcer = CapEnforcer(
             backend,

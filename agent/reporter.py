@@ -74,8 +74,10 @@ class Reporter:
             slot_seconds=self.config.slot_seconds,
         )
         records = sorted(self.registry.snapshot(), key=lambda r: r.key)
+        instances_cores = 0.0
         for rec in records:
             total, usage = self.sampler.end_slot(rec.key, now, elapsed)
+            instances_cores += usage
             c = rec.counters
             # add() builds the sample in place; append() would copy it.
             sample = out.instances.add(
@@ -104,5 +106,5 @@ class Reporter:
                 sample.periods_total = throttling.periods_total
                 sample.throttled_periods_total = throttling.throttled_periods_total
                 sample.throttled_seconds_total = throttling.throttled_seconds_total
-        out.node.CopyFrom(self.sampler.node_sample(records))
+        out.node.CopyFrom(self.sampler.node_sample(records, instances_cores))
         return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -268,6 +269,44 @@ class NodeCpu:
         self._last = (now, busy)
         dt = now - last_t
         return max(0.0, (busy - last_busy) / dt) if dt > 0 else 0.0
+
+
+class RootThreadsCpu:
+    """Mean CPU, in cores since the previous call, of the threads a cgroup holds directly.
+
+    The agent's root holds every thread of the node that is not in an instance's
+    cgroup only where the node's processes run inside that root (a container,
+    one node of a testbed sharing a machine). There this is the node's CPU beyond
+    its instances: an engine's dispatch, network and GC threads. A thread counts
+    from the second time it is seen, so one that joins or leaves the root within
+    a slot is counted for the time it was seen there, never twice.
+    """
+
+    def __init__(self, tids: Callable[[], Iterable[int]], proc_root: str | Path = "/proc"):
+        self.tids = tids
+        self.reader = ThreadCpuReader(proc_root)
+        self._seconds: dict[int, float] = {}
+        self._at = time.monotonic()
+
+    def usage_cores(self) -> float:
+        now = time.monotonic()
+        seconds: dict[int, float] = {}
+        used = 0.0
+        for tid in set(self.tids()):
+            # /proc/<tid>/task/<tid> names the thread whatever its process.
+            s = self.reader.read(tid, tid)
+            if s is None:
+                continue
+            seconds[tid] = s
+            before = self._seconds.get(tid)
+            if before is not None:
+                used += max(0.0, s - before)
+        self.reader.retain({(t, t) for t in seconds})
+        dt, self._at, self._seconds = now - self._at, now, seconds
+        return used / dt if dt > 0 else 0.0
+
+    def close(self) -> None:
+        self.reader.retain(set())
 
 
 @dataclass(frozen=True)

@@ -618,6 +618,9 @@ def controller_config(
         "node_capacity_cores": {n: scale.capacity_cores / nodes for n in node_names(nodes)},
     }
     if nodes > 1:
+        # A node's worker processes dispatch every tuple on threads of their own,
+        # inside the node's quota: the caps share the node with them.
+        out["other_cpu"] = "subtract"
         out["placement"] = "liu"
         out["scale_in_wait_stateless_seconds"] = STATELESS_SCALE_IN_WAIT_SECONDS
         out["placement_demand_seconds"] = PLACEMENT_DEMAND_SECONDS
@@ -762,6 +765,9 @@ def run_contender(
                             "cgroup_mount": str(res.top),
                             "cpu_period_us": period,
                             "capacity_cores": settings.node_cores,
+                            # The node's processes run inside its root (one machine
+                            # holds every node): its other CPU is its root's threads'.
+                            "node_cpu": "cgroup",
                             "sample_seconds": min(1.0, settings.epoch_seconds / 2),
                         },
                     )

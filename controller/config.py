@@ -25,6 +25,8 @@ from spark_stream.config import HistoryConfig
 
 MODES = ("dry-run", "enforce")
 EPOCH_TRIGGERS = ("timer", "reports")
+# What a node's CPU beyond its instances does to its capacity (Config.other_cpu).
+OTHER_CPU_USES = ("ignore", "subtract")
 # sun_path of a Unix socket address holds 108 bytes, the last a NUL.
 MAX_UNIX_PATH = 107
 
@@ -724,6 +726,13 @@ class ControllerConfig:
     # Cap what dsched may hand out on a node, overriding the capacity the agent
     # reports (node id -> cores), e.g. to leave the rest to other tenants.
     node_capacity_cores: dict[str, float] = field(default_factory=dict)
+    # `subtract`: a node's capacity is what its agent reports less the CPU its
+    # threads that are no instance's used (NodeSample.other_cpu_cores, the mean
+    # over the last phi reports): an engine's dispatch, network and GC threads
+    # share the node with the caps. `ignore`: the report as it is. Off by default
+    # because where several agents share one machine with node_cpu = "host",
+    # each would count the others' instances as its own node's load.
+    other_cpu: str = "ignore"
     # Load predictors whose maximum is the forecast: `linear_trend` (every
     # operator), `last_value` (every operator: the last slot's arrivals, so a
     # trend never forecasts below what arrives now), `dag` (non-sources, from
@@ -828,6 +837,11 @@ class ControllerConfig:
         POLICIES.check(self.policy)
         CAP_ACTUATORS.check(self.cap_actuator)
         MOVE_ACTUATORS.check(self.move_actuator)
+        require(
+            self.other_cpu in OTHER_CPU_USES,
+            "other_cpu",
+            f"must be one of {', '.join(OTHER_CPU_USES)}",
+        )
         require(
             self.flow_bound in FLOW_BOUNDS,
             "flow_bound",

@@ -617,8 +617,12 @@ class Controller:
         return record
 
     def node_capacity(self) -> dict[str, float]:
-        """Cores dsched may hand out per node: the agent's report, capped by config."""
+        """Cores dsched may hand out per node: the agent's report (less what the node's
+        other threads use, with other_cpu = "subtract"), capped by config."""
         reported = self.cluster.node_capacity()
+        if self.config.other_cpu == "subtract":
+            other = self.cluster.other_cpu()
+            reported = {n: max(0.0, c - other.get(n, 0.0)) for n, c in reported.items()}
         limits = self.config.node_capacity_cores
         return {n: min(c, limits.get(n, c)) for n, c in reported.items()}
 

@@ -152,7 +152,7 @@ class Pressure(_message.Message):
     def __init__(self, some_avg10: _Optional[float] = ..., some_avg60: _Optional[float] = ..., full_avg10: _Optional[float] = ..., full_avg60: _Optional[float] = ...) -> None: ...
 
 class NodeSample(_message.Message):
-    __slots__ = ("cpu_capacity_cores", "cpu_usage_cores", "cpu_pressure", "interfaces", "llc_occupancy_bytes", "memory_bandwidth_bytes_per_second", "llc_available", "memory_bandwidth_available", "memory_used_bytes")
+    __slots__ = ("cpu_capacity_cores", "cpu_usage_cores", "cpu_pressure", "interfaces", "llc_occupancy_bytes", "memory_bandwidth_bytes_per_second", "llc_available", "memory_bandwidth_available", "memory_used_bytes", "other_cpu_cores")
     class LlcOccupancyBytesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,7 @@ class NodeSample(_message.Message):
     LLC_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BANDWIDTH_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OTHER_CPU_CORES_FIELD_NUMBER: _ClassVar[int]
     cpu_capacity_cores: float
     cpu_usage_cores: float
     cpu_pressure: Pressure
@@ -185,7 +186,8 @@ class NodeSample(_message.Message):
     llc_available: bool
     memory_bandwidth_available: bool
     memory_used_bytes: float
-    def __init__(self, cpu_capacity_cores: _Optional[float] = ..., cpu_usage_cores: _Optional[float] = ..., cpu_pressure: _Optional[_Union[Pressure, _Mapping]] = ..., interfaces: _Optional[_Iterable[_Union[InterfaceBytes, _Mapping]]] = ..., llc_occupancy_bytes: _Optional[_Mapping[str, float]] = ..., memory_bandwidth_bytes_per_second: _Optional[_Mapping[str, float]] = ..., llc_available: _Optional[bool] = ..., memory_bandwidth_available: _Optional[bool] = ..., memory_used_bytes: _Optional[float] = ...) -> None: ...
+    other_cpu_cores: float
+    def __init__(self, cpu_capacity_cores: _Optional[float] = ..., cpu_usage_cores: _Optional[float] = ..., cpu_pressure: _Optional[_Union[Pressure, _Mapping]] = ..., interfaces: _Optional[_Iterable[_Union[InterfaceBytes, _Mapping]]] = ..., llc_occupancy_bytes: _Optional[_Mapping[str, float]] = ..., memory_bandwidth_bytes_per_second: _Optional[_Mapping[str, float]] = ..., llc_available: _Optional[bool] = ..., memory_bandwidth_available: _Optional[bool] = ..., memory_used_bytes: _Optional[float] = ..., other_cpu_cores: _Optional[float] = ...) -> None: ...
 
 class NodeReport(_message.Message):
     __slots__ = ("node_id", "slot", "timestamp", "slot_seconds", "instances", "node", "replayed")

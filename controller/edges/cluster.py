@@ -69,6 +69,8 @@ class AgentInfo:
     last_slot: int = -1
     connected: bool = True
     node_sample: pb.NodeSample | None = None
+    # The node's CPU beyond its instances over its latest reports, oldest first.
+    other_cpu: list[float] = field(default_factory=list)
     caps: dict[InstanceKey, float] = field(default_factory=dict)  # as the agent reported
     # Instances of the node's latest report: the ones it owns (see the module doc).
     claims: set[InstanceKey] = field(default_factory=set)
@@ -172,6 +174,7 @@ class ObservedCluster:
             # A reconnect continues the node's series; only the link is new.
             info.last_timestamp, info.last_slot = old.last_timestamp, old.last_slot
             info.node_sample = old.node_sample
+            info.other_cpu = old.other_cpu
             info.claims = old.claims
         for c in hello.current_caps:
             info.caps[InstanceKey(c.key.app, c.key.operator, c.key.instance)] = c.cap_cores
@@ -217,6 +220,13 @@ class ObservedCluster:
         result.taken = True
         if report.HasField("node"):
             agent.node_sample = report.node
+            if report.node.HasField("other_cpu_cores"):
+                other = report.node.other_cpu_cores
+                if 0.0 <= other < math.inf:
+                    agent.other_cpu = [*agent.other_cpu, other][-self.depth :]
+                else:
+                    # The instances' samples still count: only this figure is left out.
+                    self._reject(result, node, "bad_other_cpu", f"other_cpu_cores {other!r}")
         agent.caps = {}
         claims: set[InstanceKey] = set()
         owners, histories, topologies = self._owners, self.histories, self.topologies
@@ -544,6 +554,15 @@ class ObservedCluster:
 
     def node_capacity(self) -> dict[str, float]:
         return {n: a.cpu_capacity_cores for n, a in self.agents.items() if a.connected}
+
+    def other_cpu(self) -> dict[str, float]:
+        """Node -> mean CPU beyond its instances over its last ``depth`` reports, cores;
+        nodes that never reported it are left out."""
+        return {
+            n: math.fsum(a.other_cpu) / len(a.other_cpu)
+            for n, a in self.agents.items()
+            if a.connected and a.other_cpu
+        }
 
     def memory_bandwidth(self) -> dict[str, float | None]:
         """Node -> memory bandwidth of its last report (bytes/s, summed over the

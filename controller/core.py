@@ -573,6 +573,9 @@ class Controller:
                 node_pool_action=node_pool_action,
             )
             record["parallelism"] = parallelism
+            # What each node's other threads used (taken off capacity_cores with
+            # other_cpu = "subtract"): the reason a node's capacity moved.
+            record["other_cpu_cores"] = self.cluster.other_cpu()
             # The performance models in force (MBA, sam) and the last table refused.
             record["perf_models"] = self.models.status()
             record["placement"].update(self._offer_placement(result))

@@ -143,6 +143,17 @@ def test_capacity_is_less_the_mean_other_cpu_of_the_last_phi_reports(tmp_path):
     assert controller.cluster.other_cpu() == {"n1": pytest.approx(0.2)}
     assert controller.node_capacity() == {"n1": pytest.approx(1.8)}
     # A configured limit caps what is left; it is not cut again.
+    # The decision says what was taken off and why; so does /metrics.
+    record = controller.run_epoch()
+    assert record["other_cpu_cores"] == {"n1": pytest.approx(0.2)}
+    assert record["capacity_cores"] == {"n1": pytest.approx(1.8)}
+    registry = controller.metrics.registry
+    assert registry.get_sample_value("dsched_node_other_cpu_cores", {"node": "n1"}) == (
+        pytest.approx(0.2)
+    )
+    assert registry.get_sample_value("dsched_node_capacity_cores", {"node": "n1"}) == (
+        pytest.approx(1.8)
+    )
     controller.config.node_capacity_cores = {"n1": 1.5}
     assert controller.node_capacity() == {"n1": pytest.approx(1.5)}
     controller.config.node_capacity_cores = {"n1": 1.9}

@@ -120,8 +120,15 @@ class _DecisionCollector(Collector):
         )
         for node, cores in sorted(rec.get("capacity_cores", {}).items()):
             capacity.add_metric([node], cores)
+        other = GaugeMetricFamily(
+            "dsched_node_other_cpu_cores",
+            "CPU a node's threads that are no instance's used (mean of its last phi reports), cores",
+            labels=["node"],
+        )
+        for node, cores in sorted(rec.get("other_cpu_cores", {}).items()):
+            other.add_metric([node], cores)
         yield from (caps, demand, held, rate, arrival, app_demand, app_alloc, app_latency, nodes)
-        yield from (app_class, capacity)
+        yield from (app_class, capacity, other)
 
 
 class _SettingsCollector(Collector):

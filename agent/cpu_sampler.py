@@ -341,6 +341,8 @@ class CpuSampler:
     def close(self) -> None:
         self.net.close()
         self.thread_cpu.close()
+        if self.root_threads is not None:
+            self.root_threads.close()
 
 
 def node_capacity(configured: float, online: float) -> float:

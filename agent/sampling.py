@@ -306,7 +306,8 @@ class RootThreadsCpu:
         return used / dt if dt > 0 else 0.0
 
     def close(self) -> None:
-        self.reader.retain(set())
+        self.reader.close()
+        self._seconds = {}
 
 
 @dataclass(frozen=True)

@@ -628,11 +628,9 @@ def controller_config(
 
 
 def cpu_mode(args: argparse.Namespace) -> str:
-    """``--cpu``, else its default: a process per instance on one node; on several,
-    the instance's thread of its worker process, as every multi-node series ran."""
-    if args.cpu is not None:
-        return args.cpu
-    return "process" if args.nodes == 1 else "thread"
+    """``--cpu``, else its default: a process per instance's CPU work, on one node
+    or several (the worker threads' own CPU is counted against their node)."""
+    return args.cpu if args.cpu is not None else "process"
 
 
 def controller_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -1377,10 +1375,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cpu",
         choices=CPU_MODES,
         default=None,
-        help="where an instance's per-tuple CPU work runs: its own process or its engine "
-        "thread (threads of one process capped by CFS stall each other through the GIL). "
-        "Default: process on one node; thread on several, where the instances are threads "
-        "of the nodes' worker processes (the setting of every multi-node series so far)",
+        help="where an instance's per-tuple CPU work runs: its own process (default) or "
+        "its engine thread (threads of one process capped by CFS stall each other through "
+        "the GIL; the multi-node series before revision de23490 ran so)",
     )
     p.add_argument(
         "--controller-option",

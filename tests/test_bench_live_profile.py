@@ -139,10 +139,10 @@ def test_every_profile_sets_the_same_rules_and_each_is_a_valid_controller_settin
     assert OWN_RULES != PAPER_RULES
 
 
-def test_cpu_work_defaults_to_a_process_on_one_node_and_the_worker_thread_on_several():
+def test_cpu_work_defaults_to_a_process_on_one_node_and_on_several():
     assert cpu_mode(_resolved()[0]) == "process"
-    # Every multi-node series ran each instance's CPU in its worker thread.
-    assert cpu_mode(_resolved("--nodes", "2")[0]) == "thread"
+    assert cpu_mode(_resolved("--nodes", "2")[0]) == "process"
+    assert cpu_mode(_resolved("--nodes", "2", "--cpu", "thread")[0]) == "thread"
     assert cpu_mode(_resolved("--nodes", "2", "--cpu", "process")[0]) == "process"
     assert cpu_mode(_resolved("--cpu", "thread")[0]) == "thread"
 

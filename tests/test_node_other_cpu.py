@@ -77,6 +77,11 @@ def test_cgroup_source_counts_the_roots_own_threads_and_never_an_instances(
             assert loud.node.other_cpu_cores == pytest.approx(used, abs=0.1)
         finally:
             busy_other.join()
+        # The root's threads are read through kept-open files; closing the agent closes them.
+        reader = agent.sampler.root_threads.reader
+        assert reader._fds
+        agent.close()
+        assert not reader._fds
     finally:
         busy_instance.join()
         other.join()

@@ -33,6 +33,14 @@ if TYPE_CHECKING:
 INSTANCE_LABELS = ["app", "operator", "instance_id", "node"]
 
 
+def _per_node(name: str, documentation: str, cores: dict[str, float]) -> GaugeMetricFamily:
+    """A gauge family with one sample per node, in node order."""
+    family = GaugeMetricFamily(name, documentation, labels=["node"])
+    for node, value in sorted(cores.items()):
+        family.add_metric([node], value)
+    return family
+
+
 class _DecisionCollector(Collector):
     def __init__(self, last_record: Callable[[], dict[str, Any] | None]):
         self._last_record = last_record
@@ -113,20 +121,16 @@ class _DecisionCollector(Collector):
         )
         for row in rec.get("apps", []):
             app_class.add_metric([row["app"], row["class"]], 1)
-        capacity = GaugeMetricFamily(
+        capacity = _per_node(
             "dsched_node_capacity_cores",
             "CPU capacity of a node in the last decision, cores",
-            labels=["node"],
+            rec.get("capacity_cores", {}),
         )
-        for node, cores in sorted(rec.get("capacity_cores", {}).items()):
-            capacity.add_metric([node], cores)
-        other = GaugeMetricFamily(
+        other = _per_node(
             "dsched_node_other_cpu_cores",
             "CPU a node's threads that are no instance's used (mean of its last phi reports), cores",
-            labels=["node"],
+            rec.get("other_cpu_cores", {}),
         )
-        for node, cores in sorted(rec.get("other_cpu_cores", {}).items()):
-            other.add_metric([node], cores)
         yield from (caps, demand, held, rate, arrival, app_demand, app_alloc, app_latency, nodes)
         yield from (app_class, capacity, other)
 

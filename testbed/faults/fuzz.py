@@ -129,7 +129,12 @@ def report_strategy(node: str) -> st.SearchStrategy:
         timestamp=st.one_of(FLOATS, st.floats(now - 100, now + 100)),
         slot_seconds=FLOATS,
         instances=st.lists(_samples(), max_size=3),
-        node=st.builds(pb.NodeSample, cpu_capacity_cores=FLOATS, cpu_usage_cores=FLOATS),
+        node=st.builds(
+            pb.NodeSample,
+            cpu_capacity_cores=FLOATS,
+            cpu_usage_cores=FLOATS,
+            other_cpu_cores=FLOATS,
+        ),
         replayed=st.booleans(),
     )
 

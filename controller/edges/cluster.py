@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
@@ -69,8 +69,8 @@ class AgentInfo:
     last_slot: int = -1
     connected: bool = True
     node_sample: pb.NodeSample | None = None
-    # The node's CPU beyond its instances over its latest reports, oldest first.
-    other_cpu: list[float] = field(default_factory=list)
+    # The node's CPU beyond its instances over its latest reports (ObservedCluster.depth).
+    other_cpu: deque[float] = field(default_factory=deque)
     caps: dict[InstanceKey, float] = field(default_factory=dict)  # as the agent reported
     # Instances of the node's latest report: the ones it owns (see the module doc).
     claims: set[InstanceKey] = field(default_factory=set)
@@ -168,6 +168,7 @@ class ObservedCluster:
             dry_run=hello.dry_run,
             connected_at=now,
             slot_seconds=hello.slot_seconds,
+            other_cpu=deque(maxlen=self.depth),
         )
         old = self.agents.get(hello.node_id)
         if old is not None:
@@ -223,7 +224,7 @@ class ObservedCluster:
             if report.node.HasField("other_cpu_cores"):
                 other = report.node.other_cpu_cores
                 if 0.0 <= other < math.inf:
-                    agent.other_cpu = [*agent.other_cpu, other][-self.depth :]
+                    agent.other_cpu.append(other)
                 else:
                     # The instances' samples still count: only this figure is left out.
                     self._reject(result, node, "bad_other_cpu", f"other_cpu_cores {other!r}")

@@ -87,7 +87,14 @@ from testbed.live import wordcount as wc
 from testbed.live.actuator import MoveEndpoint
 from testbed.live.cluster import CGROUP_V1_CPU, LocalCluster, NodeSpec
 from testbed.live.distributed import DistributedTopology
-from testbed.live.engine import CPU_MODES, LiveTopology, TopologySpec
+from testbed.live.engine import (
+    CPU_MODES,
+    LiveTopology,
+    TopologySpec,
+    calibrate_hash_seconds,
+    check_chunk_seconds,
+    set_hash_seconds,
+)
 from testbed.live.static import (
     Reservation,
     Scale,
@@ -564,6 +571,8 @@ class RunSettings:
     theta_cores: float = 0.005
     phi: int | None = None
     rules: Mapping[str, Any] = field(default_factory=lambda: OWN_RULES)
+    # The CPU seconds of one hashed chunk, the same for every contender's workers.
+    chunk_seconds: float | None = None
 
     @property
     def node_cores(self) -> float:
@@ -804,6 +813,7 @@ def run_contender(
                 # Several pushes per epoch, so each epoch's counts are whole.
                 counters_seconds=settings.epoch_seconds / 4,
                 cpu=settings.cpu,
+                chunk_seconds=settings.chunk_seconds,
             )
         else:
             topo = LiveTopology(
@@ -1380,6 +1390,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the GIL; the multi-node series before revision de23490 ran so)",
     )
     p.add_argument(
+        "--chunk-seconds",
+        type=float,
+        metavar="S",
+        help="CPU seconds of one hashed 64 KiB chunk, the unit of every tuple's work "
+        "(default: timed once at the start, median of five rounds, and used by every "
+        "contender's processes, so that all of them do the same work per tuple)",
+    )
+    p.add_argument(
         "--controller-option",
         action="append",
         default=[],
@@ -1471,6 +1489,13 @@ def _check(args: argparse.Namespace) -> tuple[list[str], np.ndarray | None]:
         raise ValueError(f"--cpu-period-us must be in [1000, 1000000], got {args.cpu_period_us}")
     if not 2 <= args.shares <= 262144:
         raise ValueError(f"--shares must be in [2, 262144], got {args.shares}")
+    if args.chunk_seconds is not None:
+        try:
+            check_chunk_seconds(args.chunk_seconds)
+        except ValueError:
+            raise ValueError(
+                f"--chunk-seconds must be a finite number > 0, got {args.chunk_seconds!r}"
+            ) from None
     q = args.forecast_quantile
     if q is not None and not (math.isfinite(q) and 0.5 <= q < 1):
         raise ValueError(f"--forecast-quantile must be in [0.5, 1), got {q!r}")
@@ -1587,7 +1612,10 @@ def run(args: argparse.Namespace) -> int:
         theta_cores=theta_of(args, scn.scale),
         phi=args.phi,
         rules=PROFILES[args.profile].rules,
+        chunk_seconds=args.chunk_seconds or calibrate_hash_seconds(samples=100, rounds=5),
     )
+    # The in-process engine (one node) burns with this process's figure.
+    set_hash_seconds(settings.chunk_seconds)
     console.print(
         f"bench live ({args.profile} profile): {scn.name}, {duration:g} s per contender, slot "
         f"{args.slot_seconds:g} s, epoch {args.epoch_seconds:g} s, theta "
@@ -1632,6 +1660,7 @@ def run(args: argparse.Namespace) -> int:
         "warmup_seconds": args.warmup,
         "timeout_seconds": timeout,
         "cpu_period_us": args.cpu_period_us,
+        "chunk_seconds": settings.chunk_seconds,
         # Several nodes run the distributed testbed, whose instances are threads of
         # its worker processes: "worker-thread" where they burn their CPU themselves.
         "cpu_work_in": (

@@ -146,6 +146,9 @@ def test_unknown_contender_and_equal_without_dsched_are_refused(tmp_path):
         ("--forecast-quantile", "0.3", "--forecast-quantile must be in [0.5, 1)"),
         ("--forecast-quantile", "1", "--forecast-quantile must be in [0.5, 1)"),
         ("--forecast-quantile", "nan", "--forecast-quantile must be in [0.5, 1)"),
+        ("--chunk-seconds", "0", "--chunk-seconds must be a finite number > 0, got 0.0"),
+        ("--chunk-seconds", "nan", "--chunk-seconds must be a finite number > 0, got nan"),
+        ("--chunk-seconds", "inf", "--chunk-seconds must be a finite number > 0, got inf"),
     ],
 )
 def test_controller_epoch_out_of_range_is_refused(tmp_path, flag, value, says):
@@ -240,6 +243,8 @@ def test_smoke_few_slots_with_dsched_equal_and_uncapped(tmp_path, cgroup_v1_cpu)
         doc["scenario"] == "wordcount-regular" and doc["revision"] and doc["machine"]["cpu_count"]
     )
     assert doc["scale"]["capacity_cores"] == 1.6 and doc["scale"]["executors"] == 12
+    # Timed once for every contender (a 64 KiB SHA-256 costs tens of microseconds).
+    assert 1e-6 < doc["chunk_seconds"] < 1e-3
     # dsched decides every half second and its trend looks back one 2-s slot.
     assert doc["epoch_seconds"] == 0.5 and doc["controller_config"]["phi"] == 4
     assert set(doc["contenders"]) == {"dsched", "equal", "uncapped"}

@@ -294,6 +294,8 @@ def test_smoke_two_nodes_with_placement_and_the_papers_table(tmp_path, cgroup_v1
             "1",
             "--warmup",
             "3",
+            "--chunk-seconds",
+            "5e-5",
             "--contenders",
             "dsched,static-0.7",
             "--json",
@@ -323,6 +325,7 @@ def test_smoke_two_nodes_with_placement_and_the_papers_table(tmp_path, cgroup_v1
     ]
     assert prof["settings"]["nodes"] == 2 and prof["settings"]["phi"] == 5
     assert doc["nodes"] == {"n1": 0.8, "n2": 0.8}
+    assert doc["chunk_seconds"] == 5e-5
     assert doc["controller_config"]["placement"] == "liu"
     for name, c in doc["contenders"].items():
         assert c["lost"] == 0 and c["duplicated"] == 0 and c["completed"] > 0, name

@@ -90,7 +90,7 @@ from pathlib import Path
 from controller.edges.parallelism import RescaleResult
 from controller.placement.migration import MoveResult, TestbedMoveActuator
 from controller.placement.model import Plan
-from testbed.live.engine import check_cpu_mode
+from testbed.live.engine import check_chunk_seconds, check_cpu_mode, hash_seconds
 from testbed.live.topology import Topology, TopologySpec, Tuple, key_slot
 from testbed.live.workers import (
     BATCH_SIZE,
@@ -187,6 +187,7 @@ class DistributedTopology(Topology):
         counters_seconds: float = 0.5,
         max_instances: int = MAX_INSTANCES,
         cpu: str = "thread",
+        chunk_seconds: float | None = None,
     ):
         """``nodes`` maps node id to its agent's registration socket (None: no agent).
 
@@ -202,9 +203,12 @@ class DistributedTopology(Topology):
         one operator. ``cpu``: where an instance's per-tuple CPU is burnt, in its
         thread of the worker (``"thread"``) or in a process of its own started by
         that thread (``"process"``); the thread or process doing it is the one
-        registered with the agent and capped.
+        registered with the agent and capped. ``chunk_seconds``: the CPU seconds
+        of one hashed chunk, handed to every worker so that all of them do the same
+        work per tuple (default: this process's figure, timed once on first use).
         """
         check_cpu_mode(cpu)
+        self.chunk_seconds = None if chunk_seconds is None else check_chunk_seconds(chunk_seconds)
         if not nodes:
             raise ValueError("nodes must name at least one node")
         if checkpoint_seconds <= 0:
@@ -368,6 +372,7 @@ class DistributedTopology(Topology):
             seed=self.seed,
             counters_seconds=self.counters_seconds,
             cpu=self.cpu,
+            chunk_seconds=self.chunk_seconds or hash_seconds(),
         )
         # Pickled first: an operator that does not pickle (a closure) fails here,
         # before a worker process is started to wait for it.

@@ -30,6 +30,7 @@ import math
 import os
 import queue
 import random
+import statistics
 import struct
 import subprocess
 import sys
@@ -65,9 +66,11 @@ __all__ = [
     "burn",
     "burn_chunks",
     "calibrate_hash_seconds",
+    "check_chunk_seconds",
     "chunks_for",
     "default_cpu_mode",
     "hash_seconds",
+    "set_hash_seconds",
 ]
 
 log = logging.getLogger(__name__)
@@ -81,22 +84,50 @@ _CHUNKS = 64
 _BUFFER = memoryview(os.urandom(CHUNK * _CHUNKS))
 
 
-def calibrate_hash_seconds(samples: int = 40) -> float:
-    """CPU seconds to hash one 64 KiB chunk on this machine."""
-    t0 = time.thread_time()
-    for _ in range(samples):
-        hashlib.sha256(_BUFFER).digest()
-    return max((time.thread_time() - t0) / (samples * _CHUNKS), 1e-7)
+def calibrate_hash_seconds(samples: int = 40, rounds: int = 1) -> float:
+    """CPU seconds to hash one 64 KiB chunk on this machine: the median of
+    ``rounds`` timings of ``samples`` calls each.
+
+    One timing of 40 calls has varied by a fifth from one process to the next on
+    a virtual machine, so a benchmark times once, over several rounds, and hands
+    the figure to every process it starts (:func:`set_hash_seconds`)."""
+    if samples < 1 or rounds < 1:
+        raise ValueError(f"samples and rounds must be >= 1, got {samples!r} and {rounds!r}")
+    timings = []
+    for _ in range(rounds):
+        t0 = time.thread_time()
+        for _ in range(samples):
+            hashlib.sha256(_BUFFER).digest()
+        timings.append(max((time.thread_time() - t0) / (samples * _CHUNKS), 1e-7))
+    return statistics.median(timings)
 
 
 _HASH_SECONDS: float | None = None
 
 
 def hash_seconds() -> float:
+    """The CPU seconds of one chunk in this process: set, or timed on first use."""
     global _HASH_SECONDS
     if _HASH_SECONDS is None:
         _HASH_SECONDS = calibrate_hash_seconds()
     return _HASH_SECONDS
+
+
+def check_chunk_seconds(seconds: float) -> float:
+    """``seconds`` as a float, if it is a finite number > 0; else a ValueError."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise ValueError(f"chunk_seconds must be a number, got {seconds!r}")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"chunk_seconds must be a finite number > 0, got {seconds!r}")
+    return float(seconds)
+
+
+def set_hash_seconds(seconds: float) -> None:
+    """Use ``seconds`` as the CPU seconds of one chunk in this process instead of
+    timing it: processes started at different moments then do the same number of
+    chunks for the same tuple, whatever the machine was doing when each started."""
+    global _HASH_SECONDS
+    _HASH_SECONDS = check_chunk_seconds(seconds)
 
 
 def chunks_for(cpu_seconds: float, rng: random.Random) -> int:

@@ -60,7 +60,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from testbed.live.engine import CpuWorker, InstanceCounters, burn, check_cpu_mode, chunks_for
+from testbed.live.engine import (
+    CpuWorker,
+    InstanceCounters,
+    burn,
+    check_cpu_mode,
+    chunks_for,
+    set_hash_seconds,
+)
 from testbed.live.topology import OperatorSpec, Tuple
 
 log = logging.getLogger(__name__)
@@ -174,6 +181,9 @@ class WorkerConfig:
     counters_seconds: float = 0.5
     # Where an instance's per-tuple CPU is burnt: "thread" or "process" (CPU_MODES).
     cpu: str = "thread"
+    # The CPU seconds of one hashed chunk, timed once by the driver, so that every
+    # worker of a run does the same work per tuple (None: the worker times it).
+    chunk_seconds: float | None = None
 
 
 _STOP = object()
@@ -261,6 +271,8 @@ class WorkerProcess:
 
     def __init__(self, config: WorkerConfig):
         check_cpu_mode(config.cpu)
+        if config.chunk_seconds is not None:
+            set_hash_seconds(config.chunk_seconds)
         self.config = config
         self.conn = Client(config.address, authkey=config.authkey)
         self.conn.send(("hello", config.worker_id, os.getpid()))

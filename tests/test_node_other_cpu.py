@@ -58,7 +58,7 @@ def test_cgroup_source_counts_the_roots_own_threads_and_never_an_instances(
         # An idle thread in the root, a busy one in its instance cgroup: nothing other.
         quiet = _one_slot(agent)
         (inst,) = quiet.instances
-        assert inst.cpu_usage_cores > 0.2
+        assert inst.cpu_usage_cores > 0.1
         assert quiet.node.HasField("other_cpu_cores") and quiet.node.other_cpu_cores < 0.05
         assert quiet.node.cpu_usage_cores == pytest.approx(
             inst.cpu_usage_cores + quiet.node.other_cpu_cores
@@ -73,7 +73,10 @@ def test_cgroup_source_counts_the_roots_own_threads_and_never_an_instances(
             started = time.monotonic()
             loud = _one_slot(agent)
             used = (_thread_seconds(busy_other.tid) - before) / (time.monotonic() - started)
-            assert loud.node.other_cpu_cores > 0.2
+            # A busy thread gets well under a core when the suite runs beside it on
+            # two vCPUs: it must have run, and the root's figure must be its own.
+            assert used > 0.1
+            assert loud.node.other_cpu_cores > 0.1
             assert loud.node.other_cpu_cores == pytest.approx(used, abs=0.1)
         finally:
             busy_other.join()

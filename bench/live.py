@@ -1490,12 +1490,7 @@ def _check(args: argparse.Namespace) -> tuple[list[str], np.ndarray | None]:
     if not 2 <= args.shares <= 262144:
         raise ValueError(f"--shares must be in [2, 262144], got {args.shares}")
     if args.chunk_seconds is not None:
-        try:
-            check_chunk_seconds(args.chunk_seconds)
-        except ValueError:
-            raise ValueError(
-                f"--chunk-seconds must be a finite number > 0, got {args.chunk_seconds!r}"
-            ) from None
+        check_chunk_seconds(args.chunk_seconds, "--chunk-seconds")
     q = args.forecast_quantile
     if q is not None and not (math.isfinite(q) and 0.5 <= q < 1):
         raise ValueError(f"--forecast-quantile must be in [0.5, 1), got {q!r}")

@@ -11,12 +11,13 @@ a figure handed down must change what they burn.
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
+from pathlib import Path
 
 import pytest
 
+from agent.sampling import stat_seconds
 from testbed.live import engine
 from testbed.live.distributed import DistributedTopology
 from testbed.live.wordcount import WORDS_PER_SENTENCE, wordcount
@@ -60,12 +61,8 @@ def test_a_set_figure_decides_the_chunks_of_a_cost(own_chunk_figure):
 
 
 def _worker_cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    # A process's stat file has a thread's layout, with every thread's time summed.
+    return sum(stat_seconds(Path(f"/proc/{pid}/stat").read_bytes()) for pid in pids)
 
 
 def _run(chunk_seconds: float, seconds: float) -> tuple[float, int]:

@@ -13,6 +13,7 @@ import pytest
 
 from agent.config import AgentConfig
 from agent.node import NodeAgent
+from agent.sampling import stat_seconds
 from controller.config import ControllerConfig
 from controller.core import Controller
 from dsched.config import ConfigError
@@ -22,8 +23,7 @@ from tests.test_agent_support import WorkerThread, release_tree, unique_root, wr
 
 
 def _thread_seconds(tid: int) -> float:
-    fields = Path(f"/proc/{tid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_seconds(Path(f"/proc/{tid}/task/{tid}/stat").read_bytes())
 
 
 def _one_slot(agent: NodeAgent, seconds: float = 1.0) -> pb.NodeReport:

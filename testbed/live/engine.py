@@ -113,12 +113,13 @@ def hash_seconds() -> float:
     return _HASH_SECONDS
 
 
-def check_chunk_seconds(seconds: float) -> float:
-    """``seconds`` as a float, if it is a finite number > 0; else a ValueError."""
+def check_chunk_seconds(seconds: float, name: str = "chunk_seconds") -> float:
+    """``seconds`` as a float, if it is a finite number > 0; else a ValueError
+    naming it ``name``."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise ValueError(f"chunk_seconds must be a number, got {seconds!r}")
+        raise ValueError(f"{name} must be a number, got {seconds!r}")
     if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"chunk_seconds must be a finite number > 0, got {seconds!r}")
+        raise ValueError(f"{name} must be a finite number > 0, got {seconds!r}")
     return float(seconds)
 
 

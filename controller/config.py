@@ -660,6 +660,12 @@ class ControllerConfig:
     # node over its room for less than this is fitted by the allocator's cuts.
     # 0: this epoch's demand (the paper's rule).
     placement_demand_seconds: float = 0.0
+    # A demand held for this many seconds is placed at once: placement judges
+    # each instance by the larger of the mean above and its lowest demand over
+    # these seconds. A long mean sees a ramp late, and until it catches up the
+    # caps on a full node are cut while another node has room; a burst shorter
+    # than this still moves nothing. 0: the mean alone.
+    placement_rise_seconds: float = 0.0
     # Stateful instances are placed where their workers keep room for the most
     # they needed over this window (moving one later costs a state migration);
     # stateless ones only by their demand now. 0: by their demand now too.
@@ -881,6 +887,7 @@ class ControllerConfig:
             "scale_in_wait_seconds",
             "scale_in_wait_stateless_seconds",
             "placement_demand_seconds",
+            "placement_rise_seconds",
             "stateful_peak_seconds",
         ):
             value = getattr(self, key)
@@ -893,13 +900,23 @@ class ControllerConfig:
                 "must be a number >= 0",
             )
         # The controller keeps each instance's demands over these windows in memory.
-        for key in ("placement_demand_seconds", "stateful_peak_seconds"):
+        for key in ("placement_demand_seconds", "placement_rise_seconds", "stateful_peak_seconds"):
             require(
                 getattr(self, key) <= MAX_DEMAND_WINDOW_SECONDS,
                 key,
                 f"must be at most {MAX_DEMAND_WINDOW_SECONDS:g} s (one day): every "
                 "instance's demands over the window are kept in memory",
             )
+        # The lowest demand over a window is at most the mean over any shorter
+        # one: a rise window as long as the mean's would never change a judgement.
+        require(
+            self.placement_rise_seconds == 0
+            or self.placement_rise_seconds < self.placement_demand_seconds,
+            "placement_rise_seconds",
+            "must be 0 or shorter than placement_demand_seconds "
+            f"({self.placement_demand_seconds:g} s): the lowest demand over a window "
+            "is never more than the mean over a part of it",
+        )
         known_models = ", ".join(sorted(WAIT_MODELS))
         require(
             isinstance(self.latency_model, str) and self.latency_model in WAIT_MODELS,

@@ -308,7 +308,10 @@ class Controller:
             if {"arima", "seasonal"} & set(config.predictors)
             else None,
             peaks=DemandPeaks.for_slot(
-                config.stateful_peak_seconds, config.slot_seconds, config.placement_demand_seconds
+                config.stateful_peak_seconds,
+                config.slot_seconds,
+                config.placement_demand_seconds,
+                config.placement_rise_seconds,
             )
             if self.placement is not None
             else None,

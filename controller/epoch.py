@@ -106,7 +106,8 @@ class EpochResult:
     # Highest demand (less its backlog drain) over the peak window (placement).
     peaks: dict[InstanceKey, float]
     # Each instance's demand as placement judges it: less its backlog drain, and
-    # averaged over ``placement_demand_seconds`` (empty without placement, where
+    # averaged over ``placement_demand_seconds``, or the lowest over
+    # ``placement_rise_seconds`` where that is more (empty without placement, where
     # the controller falls back to the demand now less its backlog drain).
     placement_demands: dict[InstanceKey, float] = field(default_factory=dict)
     # Unmeasured instances this epoch (their caps, when they have one, are in
@@ -411,7 +412,7 @@ def run_epoch(
             estimates,
             predicted_violation,
             memory.peaks.peaks_with(lasting),
-            memory.peaks.means_with(lasting),
+            memory.peaks.placement_with(lasting),
         )
 
     t_end = _now()

@@ -56,7 +56,8 @@ def epochs_covering(seconds: float, slot_seconds: float) -> int:
 
 class DemandPeaks:
     """Each instance's recent demands: its highest over the last ``window``
-    epochs, and its mean over the last ``mean_window``.
+    epochs, its mean over the last ``mean_window``, and (with a ``rise_window``)
+    its lowest over the last ``rise_window``.
 
     ``liu`` places stateful instances where their workers keep room for these
     peaks: a stateful worker that outgrows its node must carry its state
@@ -64,29 +65,49 @@ class DemandPeaks:
     by the mean (:meth:`means_with`): caps follow a load within an epoch, but a
     move pauses the instance, so moves are made for load that lasts (with a
     mean over one epoch, the demand now). The windows are runs of consecutive
-    epochs, planned or not. An instance that stops reporting is forgotten; one
-    that comes back starts afresh. A demand that is not a finite number >= 0
+    epochs, planned or not.
+
+    A long mean sees a ramp late: until it catches up, the allocator cuts the
+    caps on a full node while another node sits empty. With a ``rise_window``
+    placement judges by the larger of the mean and the lowest demand over that
+    window (:meth:`placement_with`): a demand held for the whole window is load
+    that lasts, placed at once, while a burst shorter than the window still
+    moves nothing. A fall is seen through the mean, so a node is not emptied
+    the moment a level drops (as an autoscaler stabilises scale-down only).
+
+    An instance that stops reporting is forgotten; one that comes back starts
+    afresh. A demand that is not a finite number >= 0
     does not enter the window, and the instance keeps the window it had.
     """
 
-    def __init__(self, window: int, mean_window: int = 1) -> None:
-        for name, value in (("window", window), ("mean_window", mean_window)):
+    def __init__(self, window: int, mean_window: int = 1, rise_window: int | None = None) -> None:
+        windows = [("window", window), ("mean_window", mean_window)]
+        if rise_window is not None:
+            windows.append(("rise_window", rise_window))
+        for name, value in windows:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} (epochs) must be an int >= 1, got {value!r}")
         self.window = window
         self.mean_window = mean_window
+        self.rise_window = rise_window
         self._demands: dict[InstanceKey, deque[float]] = {}
 
     @classmethod
     def for_slot(
-        cls, peak_seconds: float, slot_seconds: float, mean_seconds: float = 0.0
+        cls,
+        peak_seconds: float,
+        slot_seconds: float,
+        mean_seconds: float = 0.0,
+        rise_seconds: float = 0.0,
     ) -> DemandPeaks:
-        """The windows covering ``peak_seconds`` and ``mean_seconds`` of epochs of
-        ``slot_seconds`` (each at least one epoch)."""
+        """The windows covering ``peak_seconds``, ``mean_seconds`` and
+        ``rise_seconds`` of epochs of ``slot_seconds`` (each at least one epoch;
+        no rise window for ``rise_seconds`` 0)."""
 
         return cls(
             epochs_covering(peak_seconds, slot_seconds),
             epochs_covering(mean_seconds, slot_seconds),
+            epochs_covering(rise_seconds, slot_seconds) if rise_seconds > 0 else None,
         )
 
     def _with(self, demands: Mapping[InstanceKey, float], span: int, reduce) -> dict:
@@ -111,6 +132,16 @@ class DemandPeaks:
         it (read only; fewer epochs where fewer were seen)."""
         return self._with(demands, self.mean_window, lambda v: math.fsum(v) / len(v))
 
+    def placement_with(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
+        """Each good demand as placement judges it (read only): its mean over
+        ``mean_window``, or with a ``rise_window`` the larger of that mean and its
+        lowest demand over the rise window (fewer epochs where fewer were seen)."""
+        means = self.means_with(demands)
+        if self.rise_window is None:
+            return means
+        held = self._with(demands, self.rise_window, min)
+        return {key: max(mean, held[key]) for key, mean in means.items()}
+
     def observe(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
         """Put this epoch's demands in the window; instance -> its peak."""
         peaks = self.peaks_with(demands)
@@ -124,7 +155,7 @@ class DemandPeaks:
 
         Instances in ``keep`` (held: alive, but unmeasured this epoch) keep their
         window as it is."""
-        span = max(self.window, self.mean_window)
+        span = max(self.window, self.mean_window, self.rise_window or 1)
         for key, demand in demands.items():
             if not _good(demand):
                 continue

@@ -83,8 +83,15 @@ def test_seed001_profile_sets_the_papers_settings():
     assert c["placement"] == "liu" and c["node_capacity_cores"] == {"n1": 0.8, "n2": 0.8}
     # A stateless-only node empties in the first 10-s plan that can, as the paper's.
     assert c["scale_in_wait_stateless_seconds"] == 10.0
-    # Placement judges the demand now: one 10-s epoch is the whole mean window.
+    # Placement judges the demand now: one 10-s epoch is the whole mean window,
+    # and the rise window too.
     assert c["placement_demand_seconds"] == 10.0
+    from controller.memory import DemandPeaks
+
+    peaks = DemandPeaks.for_slot(
+        300.0, 10.0, c["placement_demand_seconds"], c["placement_rise_seconds"]
+    )
+    assert (peaks.mean_window, peaks.rise_window) == (1, 1)
 
 
 def test_two_nodes_at_the_default_profile_wait_five_levels_before_a_stateless_scale_in():
@@ -101,8 +108,11 @@ def test_two_nodes_at_the_default_profile_wait_five_levels_before_a_stateless_sc
     )
     # 10 s of 0.5-s epochs: twenty consecutive plans.
     assert build_placement(cfg).strategy.stateless_scale_in_patience == 20
-    # Placement judges each instance's demand averaged over five 2-s levels.
+    # Placement judges each instance's demand averaged over five 2-s levels, or
+    # the lowest over the last level where that is more.
     assert c["placement_demand_seconds"] == 10.0
+    assert c["placement_rise_seconds"] == 2.0
+    ControllerConfig(**c).validate()
 
 
 def test_default_profile_is_todays_behaviour():

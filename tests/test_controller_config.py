@@ -31,6 +31,13 @@ BAD = [
     ("placement_demand_seconds = inf\n", "placement_demand_seconds"),
     ('placement_demand_seconds = "10"\n', "placement_demand_seconds"),
     ("placement_demand_seconds = 1e20\n", "placement_demand_seconds"),
+    ("placement_rise_seconds = -2\n", "placement_rise_seconds"),
+    ("placement_rise_seconds = nan\n", "placement_rise_seconds"),
+    ('placement_rise_seconds = "2"\n', "placement_rise_seconds"),
+    ("placement_rise_seconds = 1e20\n", "placement_rise_seconds"),
+    # Without a longer mean, a rise window changes nothing.
+    ("placement_rise_seconds = 2\n", "placement_rise_seconds"),
+    ("placement_demand_seconds = 2\nplacement_rise_seconds = 2\n", "placement_rise_seconds"),
     ("stateful_peak_seconds = 1e20\n", "stateful_peak_seconds"),
     ("scale_in_wait_stateless_seconds = nan\n", "scale_in_wait_stateless_seconds"),
     ("stateful_peak_seconds = -1\n", "stateful_peak_seconds"),
@@ -107,6 +114,7 @@ def test_classes_and_capacity_from_toml(tmp_path):
         "scale_in_wait_seconds",
         "scale_in_wait_stateless_seconds",
         "placement_demand_seconds",
+        "placement_rise_seconds",
         "stateful_peak_seconds",
     ],
 )

@@ -257,20 +257,27 @@ def test_rows_carry_the_demand_placement_judges_averaged_over_its_seconds(tmp_pa
             assert row["placement_demand_cores"] == pytest.approx(expected), (k, iid)
 
 
-def _spike(tmp_path, clock, placement_demand_seconds: float) -> list[dict]:
+def _spike(
+    tmp_path,
+    clock,
+    placement_demand_seconds: float,
+    rates=(60, 60, 60, 60, 300, 60, 60),
+    placement_rise_seconds: float = 0.0,
+) -> list[dict]:
     """n1 (0.5 cores) is over its room for one epoch of six; n2 is idle."""
     c = Controller(
         config(
             tmp_path,
             node_capacity_cores={"n1": 0.5, "n2": 2.0},
             placement_demand_seconds=placement_demand_seconds,
+            placement_rise_seconds=placement_rise_seconds,
         ),
         clock=lambda: clock[0],
     )
     busy = SyntheticNode(c, "n1", cores=2.0)
     idle = SyntheticNode(c, "n2", cores=2.0)
     records = []
-    for rate in (60, 60, 60, 60, 300, 60, 60):
+    for rate in rates:
         clock[0] += 1.0
         busy.report(clock[0], {"wc": rate})
         idle.report(clock[0], {})
@@ -290,3 +297,28 @@ def test_a_node_over_its_room_for_one_epoch_moves_nothing_when_placement_average
     spike = averaged[4]["instances"]
     assert sum(r["demand_cores"] for r in spike) > 0.4  # over n1's room (0.5 - 0.1)
     assert sum(r["placement_demand_cores"] for r in spike) < 0.4
+
+
+def test_a_rise_held_for_the_rise_window_is_planned_before_the_mean_sees_it(tmp_path, clock):
+    # n1 (room 0.4 core) goes over its room for good after ten quiet epochs.
+    ramp = (60,) * 10 + (200,) * 5
+
+    def first_plan(records):
+        return next((k for k, r in enumerate(records) if r["placement"].get("planned")), None)
+
+    def judged(record):
+        return sum(r["placement_demand_cores"] for r in record["instances"])
+
+    # A 10-s mean has not seen the rise five epochs into it: n1's caps are cut.
+    mean = _spike(tmp_path / "mean", clock, 10.0, ramp)
+    assert first_plan(mean) is None
+    # Held for three 1-s epochs (the lowest of them over n1's room), it is planned
+    # two epochs before the mean would be.
+    rise = _spike(tmp_path / "rise", clock, 10.0, ramp, placement_rise_seconds=3.0)
+    assert first_plan(rise) == 13
+    assert judged(rise[12]) > 0.4 > judged(mean[12])
+    # Before the rise has lasted, and where the load is flat, both judge the mean.
+    for k in range(1, 12):
+        assert judged(rise[k]) == pytest.approx(judged(mean[k])), k
+    # A one-epoch spike is still fitted by the allocator's cuts.
+    assert first_plan(_spike(tmp_path / "spike", clock, 10.0, placement_rise_seconds=3.0)) is None

@@ -267,3 +267,52 @@ def test_a_window_not_yet_full_is_read_whole():
     peaks.advance({key: 0.5})
     assert peaks.peaks_with({key: 0.5}) == {key: 2.0}
     assert peaks.means_with({key: 0.5}) == {key: 1.0}
+
+
+# --- the rise placement sees at once -------------------------------------------
+
+
+def test_a_demand_held_for_the_rise_window_is_placed_before_the_mean_catches_up():
+    # A ramp from 0.1 to 0.8 core, judged over a 10-epoch mean and a 4-epoch rise.
+    peaks = DemandPeaks(2, mean_window=10, rise_window=4)
+    key = InstanceKey("wc", "split", 0)
+    seen, judged, means = [], [], []
+    for demand in [0.1] * 10 + [0.8] * 6:
+        seen.append(demand)
+        judged.append(peaks.placement_with({key: demand})[key])
+        means.append(peaks.means_with({key: demand})[key])
+        assert judged[-1] == pytest.approx(max(means[-1], min(seen[-4:])))
+        peaks.advance({key: demand})
+    # Three epochs at 0.8 are the mean's; at the fourth it is placed at 0.8,
+    # where the mean is still 0.38.
+    assert judged[12] == pytest.approx(means[12])
+    assert judged[13] == pytest.approx(0.8)
+    assert means[13] == pytest.approx(0.38)
+
+
+def test_a_burst_shorter_than_the_rise_window_and_a_fall_are_judged_by_the_mean():
+    peaks = DemandPeaks(2, mean_window=10, rise_window=4)
+    key = InstanceKey("wc", "split", 0)
+    for demand in [0.2] * 10 + [0.9] * 3:
+        peaks.advance({key: demand})
+    # Three epochs of a burst: still the mean's judgement, not the burst's.
+    assert peaks.placement_with({key: 0.2}) == peaks.means_with({key: 0.2})
+    for demand in [0.9] * 10:
+        peaks.advance({key: demand})
+    # The level drops: the mean keeps it high while it falls.
+    assert peaks.placement_with({key: 0.1})[key] == pytest.approx((9 * 0.9 + 0.1) / 10)
+
+
+def test_without_a_rise_window_placement_judges_the_mean_and_bad_rise_windows_are_refused():
+    peaks = DemandPeaks.for_slot(300.0, 0.5, 10.0)
+    assert peaks.rise_window is None
+    assert DemandPeaks.for_slot(300.0, 0.5, 10.0, 2.0).rise_window == 4
+    key = InstanceKey("wc", "split", 0)
+    for demand in (0.1, 0.1, 0.9):
+        assert peaks.placement_with({key: demand}) == peaks.means_with({key: demand})
+        peaks.advance({key: demand})
+    # A bad demand is left out, as from the other windows.
+    assert DemandPeaks(2, 3, 2).placement_with({key: math.nan}) == {}
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="rise_window"):
+            DemandPeaks(3, rise_window=bad)

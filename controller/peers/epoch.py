@@ -188,7 +188,7 @@ def run_peer_epoch(
     # Placement judges a peer's wishes as it judges dsched's demands.
     wished = {k: d.cores for k, d in demands.items()}
     peaks = memory.peaks.peaks_with(wished) if memory.peaks is not None else {}
-    placement_demands = memory.peaks.means_with(wished) if memory.peaks is not None else {}
+    placement_demands = memory.peaks.placement_with(wished) if memory.peaks is not None else {}
     w1, c1 = time.perf_counter(), time.thread_time()
     zero = {
         f"{stage}{suffix}": 0.0

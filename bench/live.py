@@ -128,9 +128,10 @@ STATELESS_SCALE_IN_WAIT_SECONDS = 10.0
 # a move would pause instances for a load that is gone by the time they resume.
 # At seed001's 10-s decisions it is one epoch: the demand now, the paper's rule.
 PLACEMENT_DEMAND_SECONDS = 10.0
-# ...but a demand held for a whole load level is placed at once: judged by the
-# mean alone, a ramp out of a lull found every instance on one node and had its
-# caps cut to that node's room for 10 s while the other node sat empty.
+# ...or over the last load level where that is more, so a rise is placed within
+# a level: judged by the 10-s mean alone, a ramp out of a lull found every
+# instance on one node and had its caps cut to that node's room for 10 s while
+# the other node sat empty.
 PLACEMENT_RISE_SECONDS = TREND_SECONDS
 MAX_NODES = 8
 

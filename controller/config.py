@@ -660,11 +660,11 @@ class ControllerConfig:
     # node over its room for less than this is fitted by the allocator's cuts.
     # 0: this epoch's demand (the paper's rule).
     placement_demand_seconds: float = 0.0
-    # A demand held for this many seconds is placed at once: placement judges
-    # each instance by the larger of the mean above and its lowest demand over
+    # A rise is placed once a mean over this many seconds shows it: placement
+    # judges each instance by the larger of the mean above and its mean over
     # these seconds. A long mean sees a ramp late, and until it catches up the
-    # caps on a full node are cut while another node has room; a burst shorter
-    # than this still moves nothing. 0: the mean alone.
+    # caps on a full node are cut while another node has room; a fall is still
+    # judged by the long mean. 0: the long mean alone.
     placement_rise_seconds: float = 0.0
     # Stateful instances are placed where their workers keep room for the most
     # they needed over this window (moving one later costs a state migration);
@@ -907,15 +907,14 @@ class ControllerConfig:
                 f"must be at most {MAX_DEMAND_WINDOW_SECONDS:g} s (one day): every "
                 "instance's demands over the window are kept in memory",
             )
-        # The lowest demand over a window is at most the mean over any shorter
-        # one: a rise window as long as the mean's would never change a judgement.
+        # A rise window as long as the mean's would judge the same mean.
         require(
             self.placement_rise_seconds == 0
             or self.placement_rise_seconds < self.placement_demand_seconds,
             "placement_rise_seconds",
             "must be 0 or shorter than placement_demand_seconds "
-            f"({self.placement_demand_seconds:g} s): the lowest demand over a window "
-            "is never more than the mean over a part of it",
+            f"({self.placement_demand_seconds:g} s): it is the shorter of two means, "
+            "and without a longer one it changes nothing",
         )
         known_models = ", ".join(sorted(WAIT_MODELS))
         require(

@@ -106,7 +106,7 @@ class EpochResult:
     # Highest demand (less its backlog drain) over the peak window (placement).
     peaks: dict[InstanceKey, float]
     # Each instance's demand as placement judges it: less its backlog drain, and
-    # averaged over ``placement_demand_seconds``, or the lowest over
+    # averaged over ``placement_demand_seconds``, or over the shorter
     # ``placement_rise_seconds`` where that is more (empty without placement, where
     # the controller falls back to the demand now less its backlog drain).
     placement_demands: dict[InstanceKey, float] = field(default_factory=dict)

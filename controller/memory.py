@@ -57,7 +57,7 @@ def epochs_covering(seconds: float, slot_seconds: float) -> int:
 class DemandPeaks:
     """Each instance's recent demands: its highest over the last ``window``
     epochs, its mean over the last ``mean_window``, and (with a ``rise_window``)
-    its lowest over the last ``rise_window``.
+    its mean over the last ``rise_window``.
 
     ``liu`` places stateful instances where their workers keep room for these
     peaks: a stateful worker that outgrows its node must carry its state
@@ -68,12 +68,14 @@ class DemandPeaks:
     epochs, planned or not.
 
     A long mean sees a ramp late: until it catches up, the allocator cuts the
-    caps on a full node while another node sits empty. With a ``rise_window``
-    placement judges by the larger of the mean and the lowest demand over that
-    window (:meth:`placement_with`): a demand held for the whole window is load
-    that lasts, placed at once, while a burst shorter than the window still
-    moves nothing. A fall is seen through the mean, so a node is not emptied
-    the moment a level drops (as an autoscaler stabilises scale-down only).
+    caps on a full node while another node sits empty. With a shorter
+    ``rise_window`` placement judges by the larger of the two means
+    (:meth:`placement_with`): a rise is placed once the short mean shows it,
+    while a fall is seen through the long one, so a node is not emptied the
+    moment a level drops (as an autoscaler stabilises scale-down only). The
+    short mean, not the lowest demand over the window, because a demand under
+    caps swings from epoch to epoch: the lowest of a few epochs of a steep
+    ramp lags it by the whole window.
 
     An instance that stops reporting is forgotten; one that comes back starts
     afresh. A demand that is not a finite number >= 0
@@ -130,17 +132,17 @@ class DemandPeaks:
     def means_with(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
         """Each good demand's mean over ``mean_window`` epochs once this epoch is in
         it (read only; fewer epochs where fewer were seen)."""
-        return self._with(demands, self.mean_window, lambda v: math.fsum(v) / len(v))
+        return self._with(demands, self.mean_window, _mean)
 
     def placement_with(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
         """Each good demand as placement judges it (read only): its mean over
         ``mean_window``, or with a ``rise_window`` the larger of that mean and its
-        lowest demand over the rise window (fewer epochs where fewer were seen)."""
+        mean over the rise window (fewer epochs where fewer were seen)."""
         means = self.means_with(demands)
         if self.rise_window is None:
             return means
-        held = self._with(demands, self.rise_window, min)
-        return {key: max(mean, held[key]) for key, mean in means.items()}
+        rising = self._with(demands, self.rise_window, _mean)
+        return {key: max(mean, rising[key]) for key, mean in means.items()}
 
     def observe(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
         """Put this epoch's demands in the window; instance -> its peak."""
@@ -166,6 +168,10 @@ class DemandPeaks:
         for key in set(self._demands) - set(demands):
             if key not in keep:
                 del self._demands[key]
+
+
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values)
 
 
 def _good(value: object) -> bool:

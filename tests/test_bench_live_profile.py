@@ -109,7 +109,7 @@ def test_two_nodes_at_the_default_profile_wait_five_levels_before_a_stateless_sc
     # 10 s of 0.5-s epochs: twenty consecutive plans.
     assert build_placement(cfg).strategy.stateless_scale_in_patience == 20
     # Placement judges each instance's demand averaged over five 2-s levels, or
-    # the lowest over the last level where that is more.
+    # over the last level where that is more.
     assert c["placement_demand_seconds"] == 10.0
     assert c["placement_rise_seconds"] == 2.0
     ControllerConfig(**c).validate()

@@ -299,7 +299,7 @@ def test_a_node_over_its_room_for_one_epoch_moves_nothing_when_placement_average
     assert sum(r["placement_demand_cores"] for r in spike) < 0.4
 
 
-def test_a_rise_held_for_the_rise_window_is_planned_before_the_mean_sees_it(tmp_path, clock):
+def test_a_rise_is_planned_by_the_short_mean_before_the_long_mean_sees_it(tmp_path, clock):
     # n1 (room 0.4 core) goes over its room for good after ten quiet epochs.
     ramp = (60,) * 10 + (200,) * 5
 
@@ -312,13 +312,20 @@ def test_a_rise_held_for_the_rise_window_is_planned_before_the_mean_sees_it(tmp_
     # A 10-s mean has not seen the rise five epochs into it: n1's caps are cut.
     mean = _spike(tmp_path / "mean", clock, 10.0, ramp)
     assert first_plan(mean) is None
-    # Held for three 1-s epochs (the lowest of them over n1's room), it is planned
-    # two epochs before the mean would be.
+    # The mean over the last three 1-s epochs sees it in the second.
     rise = _spike(tmp_path / "rise", clock, 10.0, ramp, placement_rise_seconds=3.0)
-    assert first_plan(rise) == 13
-    assert judged(rise[12]) > 0.4 > judged(mean[12])
-    # Before the rise has lasted, and where the load is flat, both judge the mean.
-    for k in range(1, 12):
+    assert judged(rise[11]) > 0.4 > judged(mean[11])
+    assert first_plan(rise) == 12
+    # Where the load is flat, both judge the long mean.
+    for k in range(1, 10):
         assert judged(rise[k]) == pytest.approx(judged(mean[k])), k
-    # A one-epoch spike is still fitted by the allocator's cuts.
-    assert first_plan(_spike(tmp_path / "spike", clock, 10.0, placement_rise_seconds=3.0)) is None
+
+
+def test_a_spike_under_the_room_over_the_short_mean_moves_nothing(tmp_path, clock):
+    # One epoch over n1's room (0.43 core against 0.4): the demand now plans...
+    spike = (60, 60, 60, 60, 150, 60, 60)
+    assert any(r["placement"].get("planned") for r in _spike(tmp_path / "now", clock, 0.0, spike))
+    # ...a mean over three epochs sees a third of it, and nothing moves.
+    short = _spike(tmp_path / "rise", clock, 10.0, spike, placement_rise_seconds=3.0)
+    assert not any(r["placement"].get("planned") for r in short)
+    assert sum(r["demand_cores"] for r in short[4]["instances"]) > 0.4

@@ -269,10 +269,10 @@ def test_a_window_not_yet_full_is_read_whole():
     assert peaks.means_with({key: 0.5}) == {key: 1.0}
 
 
-# --- the rise placement sees at once -------------------------------------------
+# --- the rise placement sees within the short mean ---------------------------
 
 
-def test_a_demand_held_for_the_rise_window_is_placed_before_the_mean_catches_up():
+def test_a_rise_is_placed_by_the_short_mean_before_the_long_mean_catches_up():
     # A ramp from 0.1 to 0.8 core, judged over a 10-epoch mean and a 4-epoch rise.
     peaks = DemandPeaks(2, mean_window=10, rise_window=4)
     key = InstanceKey("wc", "split", 0)
@@ -281,26 +281,24 @@ def test_a_demand_held_for_the_rise_window_is_placed_before_the_mean_catches_up(
         seen.append(demand)
         judged.append(peaks.placement_with({key: demand})[key])
         means.append(peaks.means_with({key: demand})[key])
-        assert judged[-1] == pytest.approx(max(means[-1], min(seen[-4:])))
+        short = sum(seen[-4:]) / len(seen[-4:])
+        assert judged[-1] == pytest.approx(max(means[-1], short))
         peaks.advance({key: demand})
-    # Three epochs at 0.8 are the mean's; at the fourth it is placed at 0.8,
-    # where the mean is still 0.38.
-    assert judged[12] == pytest.approx(means[12])
-    assert judged[13] == pytest.approx(0.8)
-    assert means[13] == pytest.approx(0.38)
+    # Flat: the long mean. Two epochs into the rise the short mean has half of
+    # it (0.45) where the long one has a seventh (0.24); at four, all of it.
+    assert judged[9] == pytest.approx(0.1)
+    assert (judged[11], means[11]) == (pytest.approx(0.45), pytest.approx(0.24))
+    assert (judged[13], means[13]) == (pytest.approx(0.8), pytest.approx(0.38))
 
 
-def test_a_burst_shorter_than_the_rise_window_and_a_fall_are_judged_by_the_mean():
+def test_a_fall_is_judged_by_the_long_mean():
     peaks = DemandPeaks(2, mean_window=10, rise_window=4)
     key = InstanceKey("wc", "split", 0)
-    for demand in [0.2] * 10 + [0.9] * 3:
+    for demand in [0.9] * 10 + [0.1] * 3:
         peaks.advance({key: demand})
-    # Three epochs of a burst: still the mean's judgement, not the burst's.
-    assert peaks.placement_with({key: 0.2}) == peaks.means_with({key: 0.2})
-    for demand in [0.9] * 10:
-        peaks.advance({key: demand})
-    # The level drops: the mean keeps it high while it falls.
-    assert peaks.placement_with({key: 0.1})[key] == pytest.approx((9 * 0.9 + 0.1) / 10)
+    # Four epochs at 0.1: the short mean is 0.1, the long one 0.58.
+    assert peaks.placement_with({key: 0.1}) == peaks.means_with({key: 0.1})
+    assert peaks.placement_with({key: 0.1})[key] == pytest.approx((6 * 0.9 + 4 * 0.1) / 10)
 
 
 def test_without_a_rise_window_placement_judges_the_mean_and_bad_rise_windows_are_refused():

@@ -661,10 +661,12 @@ class ControllerConfig:
     # 0: this epoch's demand (the paper's rule).
     placement_demand_seconds: float = 0.0
     # A rise is placed once a mean over this many seconds shows it: placement
-    # judges each instance by the larger of the mean above and its mean over
-    # these seconds. A long mean sees a ramp late, and until it catches up the
-    # caps on a full node are cut while another node has room; a fall is still
-    # judged by the long mean. 0: the long mean alone.
+    # judges each instance by the larger of its mean demand over
+    # `placement_demand_seconds` and its mean over these seconds. A long mean
+    # sees a ramp late, and until it catches up the caps on a full node are cut
+    # while another node has room; a fall is still judged by the long mean, so a
+    # node is not emptied the moment a level drops. 0: the long mean alone;
+    # otherwise shorter than `placement_demand_seconds`.
     placement_rise_seconds: float = 0.0
     # Stateful instances are placed where their workers keep room for the most
     # they needed over this window (moving one later costs a state migration);

@@ -78,8 +78,8 @@ class DemandPeaks:
     ramp lags it by the whole window.
 
     An instance that stops reporting is forgotten; one that comes back starts
-    afresh. A demand that is not a finite number >= 0
-    does not enter the window, and the instance keeps the window it had.
+    afresh. A demand that is not a finite number >= 0 does not enter the
+    window, and the instance keeps the window it had.
     """
 
     def __init__(self, window: int, mean_window: int = 1, rise_window: int | None = None) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from operator import attrgetter
+from statistics import fmean
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
@@ -132,7 +133,7 @@ class DemandPeaks:
     def means_with(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
         """Each good demand's mean over ``mean_window`` epochs once this epoch is in
         it (read only; fewer epochs where fewer were seen)."""
-        return self._with(demands, self.mean_window, _mean)
+        return self._with(demands, self.mean_window, fmean)
 
     def placement_with(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
         """Each good demand as placement judges it (read only): its mean over
@@ -141,7 +142,7 @@ class DemandPeaks:
         means = self.means_with(demands)
         if self.rise_window is None:
             return means
-        rising = self._with(demands, self.rise_window, _mean)
+        rising = self._with(demands, self.rise_window, fmean)
         return {key: max(mean, rising[key]) for key, mean in means.items()}
 
     def observe(self, demands: Mapping[InstanceKey, float]) -> dict[InstanceKey, float]:
@@ -168,10 +169,6 @@ class DemandPeaks:
         for key in set(self._demands) - set(demands):
             if key not in keep:
                 del self._demands[key]
-
-
-def _mean(values: list[float]) -> float:
-    return math.fsum(values) / len(values)
 
 
 def _good(value: object) -> bool:

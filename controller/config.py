@@ -668,6 +668,14 @@ class ControllerConfig:
     # node is not emptied the moment a level drops. 0: the long mean alone;
     # otherwise shorter than `placement_demand_seconds`.
     placement_rise_seconds: float = 0.0
+    # A plan made for overload alone (no node to empty, no instance on a node
+    # that is gone) moves instances only when it lowers the cores by which nodes
+    # are over their room by more than this per instance it moves. A demand
+    # measured under caps swings by a few hundredths of a core from epoch to
+    # epoch; a move pauses its instance, and one made to relieve less than that
+    # swing is often undone by the next plan, while the allocator's cuts fit the
+    # node either way. 0: any relief.
+    placement_min_relief_cores: float = 0.0
     # Stateful instances are placed where their workers keep room for the most
     # they needed over this window (moving one later costs a state migration);
     # stateless ones only by their demand now. 0: by their demand now too.
@@ -890,6 +898,7 @@ class ControllerConfig:
             "scale_in_wait_stateless_seconds",
             "placement_demand_seconds",
             "placement_rise_seconds",
+            "placement_min_relief_cores",
             "stateful_peak_seconds",
         ):
             value = getattr(self, key)

@@ -229,7 +229,13 @@ def build_placement(config: ControllerConfig) -> PlacementLoop | None:
     if config.move_actuator == "testbed":
         options = {"url": config.move_url, "timeout_seconds": config.move_timeout_seconds}
     mover = get_move_actuator(config.move_actuator, **options)
-    return PlacementLoop(strategy, mover, config.headroom_cores, config.forget_after_slots)
+    return PlacementLoop(
+        strategy,
+        mover,
+        config.headroom_cores,
+        config.forget_after_slots,
+        min_relief_cores=config.placement_min_relief_cores,
+    )
 
 
 class Controller:

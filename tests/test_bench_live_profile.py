@@ -112,7 +112,11 @@ def test_two_nodes_at_the_default_profile_wait_five_levels_before_a_stateless_sc
     # over the last level where that is more.
     assert c["placement_demand_seconds"] == 10.0
     assert c["placement_rise_seconds"] == 2.0
-    ControllerConfig(**c).validate()
+    # A plan for overload alone removes 0.02 core of it per instance it moves.
+    assert c["placement_min_relief_cores"] == 0.02
+    cfg = ControllerConfig(**c)
+    cfg.validate()
+    assert build_placement(cfg).min_relief_cores == 0.02
 
 
 def test_default_profile_is_todays_behaviour():

@@ -38,6 +38,11 @@ BAD = [
     # Without a longer mean, a rise window changes nothing.
     ("placement_rise_seconds = 2\n", "placement_rise_seconds"),
     ("placement_demand_seconds = 2\nplacement_rise_seconds = 2\n", "placement_rise_seconds"),
+    ("placement_min_relief_cores = -0.02\n", "placement_min_relief_cores"),
+    ("placement_min_relief_cores = nan\n", "placement_min_relief_cores"),
+    ("placement_min_relief_cores = inf\n", "placement_min_relief_cores"),
+    ("placement_min_relief_cores = true\n", "placement_min_relief_cores"),
+    ('placement_min_relief_cores = "0.02"\n', "placement_min_relief_cores"),
     ("stateful_peak_seconds = 1e20\n", "stateful_peak_seconds"),
     ("scale_in_wait_stateless_seconds = nan\n", "scale_in_wait_stateless_seconds"),
     ("stateful_peak_seconds = -1\n", "stateful_peak_seconds"),

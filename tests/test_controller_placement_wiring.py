@@ -263,6 +263,7 @@ def _spike(
     placement_demand_seconds: float,
     rates=(60, 60, 60, 60, 300, 60, 60),
     placement_rise_seconds: float = 0.0,
+    **options,
 ) -> list[dict]:
     """n1 (0.5 cores) is over its room for one epoch of six; n2 is idle."""
     c = Controller(
@@ -271,6 +272,7 @@ def _spike(
             node_capacity_cores={"n1": 0.5, "n2": 2.0},
             placement_demand_seconds=placement_demand_seconds,
             placement_rise_seconds=placement_rise_seconds,
+            **options,
         ),
         clock=lambda: clock[0],
     )
@@ -329,3 +331,22 @@ def test_a_spike_under_the_room_over_the_short_mean_moves_nothing(tmp_path, cloc
     short = _spike(tmp_path / "rise", clock, 10.0, spike, placement_rise_seconds=3.0)
     assert not any(r["placement"].get("planned") for r in short)
     assert sum(r["demand_cores"] for r in short[4]["instances"]) > 0.4
+
+
+def test_an_overflow_that_relieves_less_than_the_floor_per_move_moves_nothing(tmp_path, clock):
+    # n1 is over its room (0.4 core) by a few hundredths of a core for good.
+    small = (60,) * 4 + (150,) * 4
+
+    def planned(records):
+        return [r["placement"] for r in records if r["placement"].get("planned")]
+
+    assert planned(_spike(tmp_path / "any", clock, 0.0, small))
+    floored = _spike(tmp_path / "floor", clock, 0.0, small, placement_min_relief_cores=0.2)
+    assert not planned(floored)
+    over = sum(r["placement_demand_cores"] for r in floored[-1]["instances"]) - 0.4
+    assert 0.0 < over < 0.2
+    # An overflow of several times the floor still gets its plan.
+    big = _spike(
+        tmp_path / "big", clock, 0.0, (60,) * 4 + (300,) * 4, placement_min_relief_cores=0.2
+    )
+    assert planned(big)

@@ -119,6 +119,65 @@ def test_a_plan_that_relieves_part_of_the_overload_is_kept():
     )
 
 
+@pytest.mark.parametrize(("split", "count", "moves"), [(0.22, 0.1, 1), (0.22, 0.3, 2)])
+def test_a_plan_for_overload_alone_must_relieve_the_floor_per_instance_it_moves(
+    split, count, moves
+):
+    from controller.placement.stage import overload_cores
+
+    demands = _demands(split, count)
+    state = build_placement_input(demands, CAPACITY, _current(), dags=DAG)
+
+    def plan(min_relief_cores: float):
+        return plan_placement(
+            demands,
+            CAPACITY,
+            _current(),
+            "liu",
+            headroom_cores=0.1,
+            dags=DAG,
+            min_relief_cores=min_relief_cores,
+        )
+
+    free = plan(0.0)
+    assert free is not None and len(free.moves) == moves
+    relief = overload_cores(state, state.current_assignment(), 0.1) - overload_cores(
+        state, free.assignment, 0.1
+    )
+    per_move = relief / moves
+    assert per_move > 0.01
+    # Just under what each move relieves: the same plan stands.
+    kept = plan(0.9 * per_move)
+    assert kept is not None and kept.moves == free.moves
+    # Just over it: the node is fitted by the allocator's cuts and nothing moves.
+    assert plan(1.1 * per_move) is None
+
+
+def test_the_relief_floor_never_holds_back_a_node_that_can_be_emptied():
+    from controller.placement import get_strategy
+
+    strategy = get_strategy("liu", scale_in_patience=1)
+    done = plan_placement(
+        _demands(0.05),
+        CAPACITY,
+        _current(),
+        strategy,
+        headroom_cores=0.1,
+        dags=DAG,
+        min_relief_cores=10.0,
+    )
+    assert done is not None and done.moves
+    assert any("can be emptied" in r for r in done.reasons)
+
+
+@pytest.mark.parametrize("bad", [-0.01, float("nan"), float("inf"), True, "0.02", None])
+def test_a_bad_relief_floor_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match="min_relief_cores"):
+        plan_placement(
+            _demands(0.3), CAPACITY, _current(), "liu", headroom_cores=0.1, min_relief_cores=bad
+        )
+
+
 def test_node_that_can_be_emptied_gets_a_scale_in_plan_once_low_load_persists():
     from controller.placement import get_strategy
 

@@ -70,8 +70,12 @@ class PlacementLoop:
         headroom_cores: float,
         settle_epochs: int,
         process_min_instances: int | None = PROCESS_MIN_INSTANCES,
+        min_relief_cores: float = 0.0,
     ):
         self.strategy = strategy
+        # Per instance moved, the overload a plan made for overload alone must
+        # remove (plan_placement).
+        self.min_relief_cores = min_relief_cores
         # None: every plan on the placement thread.
         self.process_min_instances = process_min_instances
         self._planner: ProcessPoolExecutor | None = None
@@ -156,7 +160,11 @@ class PlacementLoop:
                 )
             try:
                 future = self._planner.submit(
-                    _plan_elsewhere, offer, self.strategy, self.headroom_cores
+                    _plan_elsewhere,
+                    offer,
+                    self.strategy,
+                    self.headroom_cores,
+                    self.min_relief_cores,
                 )
                 plan, self.strategy = future.result()
                 self._planner_deaths = 0
@@ -178,7 +186,7 @@ class PlacementLoop:
                 )
                 self._planner.shutdown(wait=False, cancel_futures=True)
                 self._planner = None
-        return _plan_offer(offer, self.strategy, self.headroom_cores)
+        return _plan_offer(offer, self.strategy, self.headroom_cores, self.min_relief_cores)
 
     def _plan_and_move(self, offer: PlacementOffer) -> None:
         try:
@@ -235,7 +243,10 @@ class PlacementLoop:
 
 
 def _plan_offer(
-    offer: PlacementOffer, strategy: PlacementStrategy, headroom_cores: float
+    offer: PlacementOffer,
+    strategy: PlacementStrategy,
+    headroom_cores: float,
+    min_relief_cores: float = 0.0,
 ) -> Plan | None:
     return plan_placement(
         offer.demands,
@@ -245,14 +256,18 @@ def _plan_offer(
         headroom_cores=headroom_cores,
         dags=offer.dags,
         pinned=offer.pinned,
+        min_relief_cores=min_relief_cores,
     )
 
 
 def _plan_elsewhere(
-    offer: PlacementOffer, strategy: PlacementStrategy, headroom_cores: float
+    offer: PlacementOffer,
+    strategy: PlacementStrategy,
+    headroom_cores: float,
+    min_relief_cores: float = 0.0,
 ) -> tuple[Plan | None, PlacementStrategy]:
     """In the planner process: the plan, and the strategy with its memory updated."""
-    return _plan_offer(offer, strategy, headroom_cores), strategy
+    return _plan_offer(offer, strategy, headroom_cores, min_relief_cores), strategy
 
 
 def _lower_priority() -> None:

@@ -211,6 +211,7 @@ def plan_placement(
     traffic: Mapping[tuple[str, str], float] | None = None,
     scale_in: bool = True,
     pinned: Mapping[str, str] | None = None,
+    min_relief_cores: float = 0.0,
 ) -> Plan | None:
     """A plan when placement must act and the strategy moves or recommends
     something, else None.
@@ -218,14 +219,17 @@ def plan_placement(
     ``scale_in`` False: only overload and vanished nodes trigger a plan (pass a
     strategy built without scale in too, e.g. ``get_strategy("liu", scale_in=False)``).
     ``pinned``: instance id -> why dsched must not move it; its moves are only
-    recommended.
+    recommended. ``min_relief_cores``: a plan made for overload alone must
+    lower the overload by at least this much per instance it moves
+    (:func:`relieves`).
     """
-    if (
-        isinstance(headroom_cores, bool)
-        or not isinstance(headroom_cores, int | float)
-        or not (headroom_cores >= 0)
-    ):
-        raise ValueError(f"headroom_cores must be a number >= 0, got {headroom_cores!r}")
+    for name, value in (("headroom_cores", headroom_cores), ("min_relief_cores", min_relief_cores)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not (0 <= value < float("inf"))
+        ):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     if not capacity:
         # No node is connected (its agents all left): there is nowhere to place
         # anything, and nothing to plan until one is back.
@@ -240,7 +244,7 @@ def plan_placement(
     plan = strategy.plan(state, headroom_cores=headroom_cores)
     # Judged as the strategy planned it: moves of pinned instances relieve a node
     # once their engine carries out the recommendation.
-    if plan.moves and overload_only and not relieves(state, plan, headroom_cores):
+    if plan.moves and overload_only and not relieves(state, plan, headroom_cores, min_relief_cores):
         return None
     if pinned:
         plan = recommend_only(state, plan, pinned, headroom_cores)
@@ -258,18 +262,26 @@ def overload_cores(
     return sum(max(0.0, used - state.capacity(n, headroom_cores)) for n, used in loads.items())
 
 
-def relieves(state: PlacementInput, plan: Plan, headroom_cores: float) -> bool:
+def relieves(
+    state: PlacementInput, plan: Plan, headroom_cores: float, min_relief_cores: float = 0.0
+) -> bool:
     """Whether a plan made for overload alone (no instance displaced, no node to
-    empty) is worth its moves: it lowers the cores by which nodes are over
-    capacity, or it empties a node. Moving an instance between two nodes that are
-    both over, or onto one it pushes over by as much as it relieves, pauses the
-    instance and relieves nothing: the allocator cuts the caps to fit each node
-    either way."""
+    empty) is worth its moves: it empties a node, or it lowers the cores by which
+    nodes are over capacity by more than ``min_relief_cores`` per instance it
+    moves (any amount, with 0).
+
+    Moving an instance between two nodes that are both over, or onto one it
+    pushes over by as much as it relieves, pauses the instance and relieves
+    nothing: the allocator cuts the caps to fit each node either way. Nor is a
+    few thousandths of a core worth a pause: a demand measured under caps swings
+    by more than that from epoch to epoch, and a move made for it is often undone
+    by the next plan."""
     current = state.current_assignment()
     if plan.nodes_used < len({node for _worker, node in current.values()}):
         return True
     before = overload_cores(state, current, headroom_cores)
-    return overload_cores(state, plan.assignment, headroom_cores) < before - EPSILON_CORES
+    needed = max(EPSILON_CORES, min_relief_cores * len(plan.moves))
+    return overload_cores(state, plan.assignment, headroom_cores) < before - needed
 
 
 def recommend_only(

@@ -64,6 +64,13 @@ def _current() -> dict[str, tuple[str, bool]]:
 CAPACITY = {"n1": 0.7, "n2": 0.7}
 
 
+def _plan(demands, strategy="liu", **options):
+    """plan_placement on CAPACITY with 0.1 core of headroom and the DAG."""
+    return plan_placement(
+        demands, CAPACITY, _current(), strategy, headroom_cores=0.1, dags=DAG, **options
+    )
+
+
 def test_no_plan_when_no_node_is_overloaded_and_none_can_be_emptied():
     # n1 carries 0.52 of 0.6 usable; n2's 0.1 does not fit in n1's 0.08 spare.
     assert (
@@ -129,15 +136,7 @@ def test_a_plan_for_overload_alone_must_relieve_the_floor_per_instance_it_moves(
     state = build_placement_input(demands, CAPACITY, _current(), dags=DAG)
 
     def plan(min_relief_cores: float):
-        return plan_placement(
-            demands,
-            CAPACITY,
-            _current(),
-            "liu",
-            headroom_cores=0.1,
-            dags=DAG,
-            min_relief_cores=min_relief_cores,
-        )
+        return _plan(demands, min_relief_cores=min_relief_cores)
 
     free = plan(0.0)
     assert free is not None and len(free.moves) == moves
@@ -156,16 +155,7 @@ def test_a_plan_for_overload_alone_must_relieve_the_floor_per_instance_it_moves(
 def test_the_relief_floor_never_holds_back_a_node_that_can_be_emptied():
     from controller.placement import get_strategy
 
-    strategy = get_strategy("liu", scale_in_patience=1)
-    done = plan_placement(
-        _demands(0.05),
-        CAPACITY,
-        _current(),
-        strategy,
-        headroom_cores=0.1,
-        dags=DAG,
-        min_relief_cores=10.0,
-    )
+    done = _plan(_demands(0.05), get_strategy("liu", scale_in_patience=1), min_relief_cores=10.0)
     assert done is not None and done.moves
     assert any("can be emptied" in r for r in done.reasons)
 
@@ -205,18 +195,7 @@ def test_scale_in_can_be_switched_off():
     from controller.placement import get_strategy
 
     strategy = get_strategy("liu", scale_in=False)
-    assert (
-        plan_placement(
-            _demands(0.05),
-            CAPACITY,
-            _current(),
-            strategy,
-            headroom_cores=0.1,
-            dags=DAG,
-            scale_in=False,
-        )
-        is None
-    )
+    assert _plan(_demands(0.05), strategy, scale_in=False) is None
 
 
 def test_instances_on_a_vanished_node_are_placed_again():

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_files_limit()
     # Before the doors open: a stop asked for during startup is then a clean stop
     # (SIGTERM or SIGINT: exit status 0; docs/operations.md, "Stopping").
-    done = StopOnSignals().install().event
+    stop = StopOnSignals().install()
     try:
         controller = Controller(cfg)
     except StateFileError as exc:
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.metrics,
         cfg.state_dir,
     )
-    done.wait()
+    stop.block()
     faulthandler.dump_traceback_later(STOP_STACKS_AFTER_SECONDS, exit=False)
     try:
         server.stop(grace=2)

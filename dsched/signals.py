@@ -28,6 +28,7 @@ Two tools:
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -65,24 +66,50 @@ class Interrupted(KeyboardInterrupt):
 _active: list[StopOnSignals] = []
 
 
+#: How often a thread that sleeps until a stop (:meth:`StopOnSignals.block`)
+#: returns to the interpreter, which runs a signal's handler only then.
+WAKE_SECONDS = 0.5
+
+
 class StopOnSignals:
     """Context manager: SIGINT and SIGTERM set :attr:`event` and record :attr:`signum`.
 
     The handlers in force before are put back on exit. ``event`` may be given
     (a run that passes its own event to its workers).
+
+    The handler takes no lock: it runs in the main thread between two bytecodes,
+    possibly inside ``Event.wait`` while that thread holds the event's lock, so
+    it only writes a byte to a pipe, and a thread of its own sets the event.
     """
 
     def __init__(self, event: threading.Event | None = None):
         self.event = event if event is not None else threading.Event()
         self.signum: int | None = None
         self._old: dict[int, Any] = {}
+        self._wake_fd: int | None = None
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum = signum
-        self.event.set()
+        if self._wake_fd is not None:
+            try:
+                os.write(self._wake_fd, b"\0")
+            except OSError:
+                pass  # full (already woken) or closed by restore()
+
+    def _set_on_wake(self, read_fd: int) -> None:
+        try:
+            if os.read(read_fd, 1):
+                self.event.set()
+        finally:
+            os.close(read_fd)
 
     def install(self) -> StopOnSignals:
+        read_fd, self._wake_fd = os.pipe()
+        os.set_blocking(self._wake_fd, False)
+        threading.Thread(
+            target=self._set_on_wake, args=(read_fd,), name="dsched-stop", daemon=True
+        ).start()
         for sig in STOP_SIGNALS:
             self._old[sig] = signal.signal(sig, self._handle)
         _active.append(self)
@@ -93,6 +120,10 @@ class StopOnSignals:
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
+        if self._wake_fd is not None:
+            # The setter thread reads the end of the pipe and exits.
+            os.close(self._wake_fd)
+            self._wake_fd = None
         if self in _active:
             _active.remove(self)
 
@@ -103,15 +134,26 @@ class StopOnSignals:
         self.restore()
 
     def is_set(self) -> bool:
-        return self.event.is_set()
+        # signum first: the event is set a moment after the handler ran.
+        return self.signum is not None or self.event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Sleep up to ``timeout`` seconds; True as soon as a stop is asked for."""
         return self.event.wait(timeout)
 
+    def block(self) -> None:
+        """Sleep until a stop is asked for.
+
+        In short waits, not one: a process-directed signal may be delivered to
+        any thread (one of gRPC's, say), and the interpreter runs its handler
+        only when the main thread next runs bytecode, which a wait without a
+        timeout never lets it do."""
+        while not self.event.wait(WAKE_SECONDS):
+            pass
+
     def check(self) -> None:
         """Raise :class:`Interrupted` if a stop was asked for."""
-        if self.event.is_set():
+        if self.is_set():
             raise Interrupted(self.signum)
 
 

@@ -214,3 +214,33 @@ def test_stop_leaves_no_process_of_the_cluster(tmp_path):
     assert cluster.processes() == []
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     assert not cluster.conf_dir.exists() and cluster.log_dir.exists()
+
+
+@pytest.mark.slow
+def test_a_port_taken_before_the_jobmanager_binds_it_starts_again_on_new_ones(
+    tmp_path, monkeypatch
+):
+    import socket
+
+    import testbed.flink.cluster as flink_cluster_module
+
+    # Another process takes the REST port between its choice and the JobManager's bind.
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    real_free_port = flink_cluster_module.free_port
+    ports = iter([held.getsockname()[1]])
+    monkeypatch.setattr(
+        flink_cluster_module, "free_port", lambda: next(ports, None) or real_free_port()
+    )
+    cluster = FlinkCluster(tmp_path / "taken", home=require_flink())
+    try:
+        cluster.start(taskmanagers=0)
+        assert cluster.rest_port != held.getsockname()[1]
+        assert cluster.rest.get("/taskmanagers")["taskmanagers"] == []
+        # The failed start's log is kept beside the new one.
+        first = list(cluster.log_dir.glob("*standalonesession*.log.attempt1"))
+        assert first and "java.net.BindException" in first[0].read_text(errors="replace")
+    finally:
+        cluster.stop()
+        held.close()

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import shutil
@@ -47,6 +48,10 @@ JM_CLASS = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoi
 # How long a daemon may be absent from the process table during startup before it
 # counts as exited (see _wait_registered).
 DAEMON_GRACE_SECONDS = 10.0
+# Starts of a cluster whose JobManager found a chosen port taken before it bound it.
+PORT_ATTEMPTS = 3
+
+log = logging.getLogger(__name__)
 TERMINAL_STATES = frozenset({"FINISHED", "CANCELED", "FAILED"})
 _JOB_ID = re.compile(r"JobID ([0-9a-f]{32})")
 _RESOURCE_ID = re.compile(r"taskmanager\.resource-id=(\S+)")
@@ -179,21 +184,42 @@ class FlinkCluster:
         if taskmanagers < 0 or slots < 1:
             raise ValueError(f"need taskmanagers >= 0 and slots >= 1, got {taskmanagers}, {slots}")
         self.slots = slots
-        self.rest_port, self.rpc_port = free_port(), free_port()
-        while self.rpc_port == self.rest_port:
-            self.rpc_port = free_port()
-        self._write_conf()
-        self._started = True
-        try:
-            scripts = [self._launch("jobmanager.sh", "start")]
-            ids = [self._next_tm_id() for _ in range(taskmanagers)]
-            scripts += [self._launch_tm(tm_id) for tm_id in ids]
-            self._finish_launch(scripts)
-            self._wait_registered(ids, self.start_timeout)
-        except BaseException:
-            self.stop(keep_logs=True)
-            raise
-        return self
+        attempt = 1
+        while True:
+            self.rest_port, self.rpc_port = free_port(), free_port()
+            while self.rpc_port == self.rest_port:
+                self.rpc_port = free_port()
+            self._write_conf()
+            self._started = True
+            try:
+                scripts = [self._launch("jobmanager.sh", "start")]
+                ids = [self._next_tm_id() for _ in range(taskmanagers)]
+                scripts += [self._launch_tm(tm_id) for tm_id in ids]
+                self._finish_launch(scripts)
+                self._wait_registered(ids, self.start_timeout)
+                return self
+            except FlinkClusterError:
+                # A port free when chosen can be taken before the JobManager binds
+                # it (another process on a busy machine): try again with new ones.
+                taken = self._jobmanager_port_taken()
+                self.stop(keep_logs=True)
+                if not taken or attempt >= PORT_ATTEMPTS:
+                    raise
+                # Kept, under names the next start neither appends to nor reads.
+                for path in self.log_dir.glob("*"):
+                    if path.suffix in (".log", ".out"):
+                        path.rename(path.with_name(f"{path.name}.attempt{attempt}"))
+                attempt += 1
+                log.warning(
+                    "Flink in %s: a port was taken before the JobManager bound it; "
+                    "starting again on new ports (attempt %d of %d)",
+                    self.work_dir,
+                    attempt,
+                    PORT_ATTEMPTS,
+                )
+            except BaseException:
+                self.stop(keep_logs=True)
+                raise
 
     def stop(self, keep_logs: bool = False, timeout: float = 15.0) -> None:
         """Stop every process of this cluster (SIGTERM, then SIGKILL after ``timeout``)
@@ -528,6 +554,14 @@ class FlinkCluster:
         root = (exc.get("exceptionHistory") or {}).get("entries") or []
         text = root[0].get("stacktrace", "") if root else exc.get("root-exception", "")
         return (text or "no exception recorded")[:3000]
+
+    def _jobmanager_port_taken(self) -> bool:
+        """Whether the JobManager's log says it could not bind a port (a retried
+        start's logs are renamed, so this is the latest start's)."""
+        for path in self.log_dir.glob("*standalonesession*.log"):
+            if "java.net.BindException" in path.read_text(errors="replace"):
+                return True
+        return False
 
     def _log_tail(self, lines: int = 25) -> str:
         """The end of every log in ``log_dir``, for error messages (which keep the logs)."""

@@ -8,24 +8,39 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # Apache Flink for testbed/flink: the PyPI wheels' pyflink/ is a complete
-# distribution (bin/, lib/). --no-deps: apache-flink's Python dependencies pin an
-# old grpcio, and the testbed drives Flink through its scripts and REST only.
-FLINK_VERSION := 2.3.0
+# distribution (bin/, lib/), installed from lock/flink.txt by
+# testbed/flink/install.py (which says why without dependencies).
 FLINK_DIR     := .flink
 FLINK_STAMP   := $(FLINK_DIR)/.installed
 
-.PHONY: demo test install proto lint wheel clean flink prometheus
+.PHONY: demo test install lock proto lint wheel clean flink prometheus
 
-$(STAMP): pyproject.toml
+# Every package comes from lock/dev.txt, hashes checked, so the suite runs with
+# the same versions on any day; the checkout itself goes in last, without
+# dependencies and with the locked setuptools (no isolated build env to fill).
+$(STAMP): pyproject.toml lock/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes -r lock/dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# Refresh the locks on purpose: the newest releases that pyproject.toml's ranges
+# allow, for CPython 3.11 on Linux. dev.txt is the development venv (every
+# extra, the tools); agent.txt and controller.txt are what a node installs
+# beside the wheel, resolved to the same versions; flink.txt is the testbed's
+# Flink. Review the diff, run `make proto` (the stubs follow grpcio-tools) and
+# `make test`, then commit lock/ with whatever they changed.
+UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-unknown-linux-gnu --no-header --annotation-style line
+lock: $(STAMP)
+	$(UV_COMPILE) --upgrade --extra dev pyproject.toml lock/tools.in -o lock/dev.txt
+	$(UV_COMPILE) --constraint lock/dev.txt pyproject.toml -o lock/agent.txt
+	$(UV_COMPILE) --constraint lock/dev.txt --extra controller pyproject.toml -o lock/controller.txt
+	$(UV_COMPILE) --upgrade --no-deps lock/flink.in -o lock/flink.txt
+
 # Order-only on the venv: reinstalling the venv does not download Flink again.
-# --upgrade replaces a partial pyflink/ left by an interrupted install.
 $(FLINK_STAMP): | $(STAMP)
 	@for tool in java javac jar jcmd; do \
 	  command -v $$tool >/dev/null 2>&1 && continue; \
@@ -35,7 +50,7 @@ $(FLINK_STAMP): | $(STAMP)
 	    || { echo "could not install a JDK 17: install openjdk-17-jdk-headless (java, javac, jar, jcmd) and rerun make flink" >&2; exit 1; }; \
 	  break; \
 	done
-	$(PY) -m pip install --quiet --no-deps --upgrade --target $(FLINK_DIR) apache-flink==$(FLINK_VERSION) apache-flink-libraries==$(FLINK_VERSION)
+	$(PY) -m testbed.flink.install --target $(FLINK_DIR)
 	touch $@
 
 flink: $(FLINK_STAMP)

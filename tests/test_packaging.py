@@ -110,13 +110,13 @@ def test_base_requirements_are_the_agents_and_the_rest_are_extras(wheel):
 def test_agent_installs_and_runs_without_the_controller_stack(wheel, tmp_path):
     venv = tmp_path / "agentvenv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    r = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # As docs/operations.md installs a node: the agent's lock (hashes checked),
+    # then the wheel alone. A dependency the lock lacks fails the second step.
+    pip = [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
+    lock = Path(__file__).resolve().parent.parent / "lock" / "agent.txt"
+    for step in (["--require-hashes", "-r", str(lock)], ["--no-index", str(wheel)]):
+        r = subprocess.run(pip + step, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     python = str(venv / "bin" / "python")
     probe = (
         "import importlib.util, sys, agent.daemon\n"

@@ -1,7 +1,8 @@
 """Where the Flink distribution lives, whether this machine can run it, and installing it.
 
 The distribution comes from the PyPI wheels ``apache-flink`` and
-``apache-flink-libraries`` (same version), installed with ``--no-deps --target``:
+``apache-flink-libraries`` (same version), installed from ``lock/flink.txt``
+(hashes checked) with ``--no-deps --target``:
 their ``pyflink/`` directory holds ``bin/`` (jobmanager.sh, taskmanager.sh, flink)
 and ``lib/*.jar``, i.e. a complete Flink. ``--no-deps`` matters: apache-flink's
 Python dependencies pin an old grpcio that would break dsched, and the testbed
@@ -26,6 +27,8 @@ from pathlib import Path
 FLINK_VERSION = "2.3.0"
 WHEELS = (f"apache-flink=={FLINK_VERSION}", f"apache-flink-libraries=={FLINK_VERSION}")
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# WHEELS with their hashes (`make lock` writes it from lock/flink.in).
+LOCK = REPO_ROOT / "lock" / "flink.txt"
 DEFAULT_TARGET = REPO_ROOT / ".flink"
 # Written last by both `make flink` and install(): its presence means "complete".
 STAMP_NAME = ".installed"
@@ -100,7 +103,7 @@ def install(target: Path = DEFAULT_TARGET, *, force: bool = False) -> Path:
         stamp.unlink(missing_ok=True)
         # --upgrade: replace a partial or older pyflink/ instead of skipping it.
         cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade"]
-        cmd += ["--target", str(target), *WHEELS]
+        cmd += ["--require-hashes", "--target", str(target), "-r", str(LOCK)]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise FlinkUnavailable(

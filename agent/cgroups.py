@@ -692,7 +692,7 @@ def _is_v2_cpu(mount: Path) -> bool:
 
 
 def detect_mode(mount: str = "") -> tuple[str, str, str]:
-    """(mode, mount, why) for ``auto``: v1 cpu first (as on this fleet), then v2."""
+    """(mode, mount, why) for ``auto``: the v1 cpu hierarchy where one is found, else v2."""
     candidates = (
         [(m, Path(mount)) for m in ("v1", "v2")]
         if mount

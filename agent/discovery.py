@@ -30,7 +30,7 @@ from agent.sampling import process_start_ticks
 
 log = logging.getLogger(__name__)
 
-# parse_jcmd_threads lives in agent.jvm (engines use it too); importable from here as before.
+# parse_jcmd_threads lives in agent.jvm (engines use it too) and stays importable from here.
 __all__ = ["RuleDiscovery", "jvm_threads", "match_threads", "parse_jcmd_threads", "proc_threads"]
 
 

@@ -550,9 +550,10 @@ class ControllerConfig:
     # `ratio_of_sums` (their total CPU over their total tuples) or `mean_ratio`
     # (the mean of each slot's ratio, the paper's wording). A slot's CPU and its
     # tuple count are not read at the same instant, and the mean of ratios turns
-    # that noise into a cost biased upwards (1.1-1.5x the CPU actually used per
-    # tuple on a stepped trace with 0.5-s slots; docs/prediction.md, "Cost per
-    # tuple"); the ratio of sums is not.
+    # that noise in the denominator into a cost biased upwards: a slot that counts
+    # few tuples but a burst's CPU weighs as much as a full one, and every cap
+    # carries the bias (docs/prediction.md, "Cost per tuple", has the measurement).
+    # The ratio of sums weighs each slot by its tuples and is not biased so.
     kappa_estimator: str = "ratio_of_sums"
     # How an operator's CPU follows its arrivals: `proportional` (kappa times the
     # rate, the paper's) or `marginal` (the window's CPU plus the CPU per extra
@@ -570,12 +571,12 @@ class ControllerConfig:
     # `on`: a class sized at forecast_quantile 0.5 gets the median of next slot's
     # arrivals, the point forecast plus the median of its own last one-step
     # errors (once it has 10). The point forecast is the max of the predictors,
-    # which over-forecasts by design; sized as it is, a bronze operator downstream
-    # of the DAG asked for 1.1-1.4x the arrivals that came. `off` (default): the
-    # point forecast itself. Off by default because in a cluster of gold, silver
-    # and bronze apps short of CPU (the seed004 simulation) turning it on cost
-    # gold 5-8 points of its violation reduction against ERR over four seeds,
-    # for reasons not yet established (docs/controller.md, "Forecast quantile").
+    # which over-forecasts by design, so a class sized at it is given CPU for more
+    # arrivals than come, the more so downstream in the DAG. `off` (default): the
+    # point forecast itself. Off by default: where a cluster of several classes is
+    # short of CPU, sizing by the median has cost gold part of its protection, for
+    # reasons not yet established (docs/controller.md, "Forecast quantile", has
+    # the measurements).
     forecast_median: str = "off"
     # Cap granularity in cores (theta of the hysteresis).
     theta_cores: float = 0.1
@@ -593,8 +594,8 @@ class ControllerConfig:
     # short the demand of a steady load moves by more than theta every epoch.
     hysteresis_band: float = 0.0
     # A cap falls only once it has stood this many epochs (a raise never
-    # waits): scale-down stabilisation. 0 or 1: the paper's rule. Where a
-    # trace's level changes every few epochs, a cap that falls right after each
+    # waits): scale-down stabilisation. 0 or 1: the paper's rule. Where the
+    # load's level changes every few epochs, a cap that falls right after each
     # rise is raised again at the next.
     lower_after_epochs: int = 0
     # A cap falls, band or not, once its demand has fallen this many epochs in a
@@ -686,8 +687,9 @@ class ControllerConfig:
     # `ggm` (QNA's two-moment G/G/M formula with a correction fitted to simulation),
     # `allen-cunneen` (the seed paper's), `whitt`, `erlang-c` (M/M/M). `kingman` is
     # the one-server case and is refused: operators run several instances.
-    # Default: `ggm` (predict.queueing.DEFAULT_WAIT_MODEL), within 1 % of simulation
-    # at the median where Allen-Cunneen is off by 10 % (docs/latency-model.md).
+    # Default: `ggm` (predict.queueing.DEFAULT_WAIT_MODEL), the closest of them to
+    # simulated G/G/M waits over the loads, instance counts and variabilities it
+    # is fitted for (docs/latency-model.md, "Accuracy against simulation").
     latency_model: str = DEFAULT_WAIT_MODEL
     # What meeting a class's latency target means: `quantile` (the 1 -
     # max_violation_ratio quantile of each operator's waiting + service time stays

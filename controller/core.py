@@ -55,9 +55,9 @@ def tune_gc() -> None:
     A controller holds on the order of a million long-lived objects (instance
     histories, caps, records). CPython's default threshold starts a collection
     every 700 net allocations, and an epoch allocates hundreds of thousands, so
-    collections, not decisions, took a third of a 1,000-node epoch. Garbage here
-    is short-lived and acyclic; a higher threshold changes when it is freed, not
-    whether.
+    at a thousand nodes collections, not decisions, would take much of an epoch.
+    Garbage here is short-lived and acyclic; a higher threshold changes when it is
+    freed, not whether.
     """
     gc.set_threshold(100_000, 50, 100)
 
@@ -68,11 +68,12 @@ class CollectionPause:
     epoch stops waiting for the Acks, :class:`AckWait`).
 
     A young-generation collection at a 1,000-node cluster walks about 100,000
-    objects (some 60 ms), and one or two fell on the path from the last report
-    to the directives every slot. Paused, what that path allocates waits for
-    the first collection after it; nothing is freed later than one slot. One
-    pause per epoch number; a pause that outlives ``longest`` seconds (an epoch
-    loop that stalled) ends at the next report, so garbage never piles up.
+    objects (tens of milliseconds), and one or two would fall on the path from
+    the last report to the directives every slot. Paused, what that path
+    allocates waits for the first collection after it; nothing is freed later
+    than one slot. One pause per epoch number; a pause that outlives ``longest``
+    seconds (an epoch loop that stalled) ends at the next report, so garbage
+    never piles up.
     Only a running epoch loop turns it on (``enabled``): a controller driven
     epoch by epoch, as tests and benchmarks do, leaves collection alone.
     """
@@ -112,7 +113,8 @@ class CollectionPause:
 # before it goes on with its record.
 DELIVERY_WAIT_SECONDS = 2.0
 # How long, as a share of the slot, an epoch then waits for the agents' Acks
-# before it goes on with its record: the round's target (docs/wire-scale.md).
+# before it goes on with its record: a round of directives and Acks is to take
+# at most a tenth of the slot (docs/wire-scale.md measures rounds).
 ACK_WAIT_SLOTS = 0.1
 
 
@@ -451,8 +453,8 @@ class Controller:
         now = self.clock()
         connected = [a for a in sorted(known_agents, key=_node_id_of) if a.connected]
         # A row is copied from the agent's template (what its Hello said), then
-        # gets what changes: five times faster than a row made field by field,
-        # which at a thousand agents took 4 ms a call.
+        # gets what changes: several times faster than a row made field by field,
+        # which at a thousand agents costs milliseconds a call.
         agents = list(map(self._agent_rows.template, connected))
         engines = [
             pb.EngineStatus(

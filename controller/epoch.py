@@ -270,7 +270,7 @@ def run_epoch(
             cfg.scv_max,
         ),
     )
-    # Fixed: the scalars, as before (the vectorised paths broadcast them).
+    # Fixed: the configured scalars (the vectorised paths broadcast them).
     fixed = cfg.variability != "measured"
     arrival_scv = cfg.arrival_scv if fixed else variability.arrival()
     service_scv = cfg.service_scv if fixed else variability.service()

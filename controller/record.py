@@ -33,10 +33,11 @@ def record_json(record: dict[str, Any]) -> str:
     """The decision record as JSON text, encoded once however many ask for it.
 
     orjson rather than the standard library's encoder: at a 1,000-node cluster
-    the record took 0.16-0.25 s to encode, twice an epoch, holding the
-    interpreter against the agents' streams; orjson takes a fifth of that or
-    less. Numbers it cannot represent (NaN, infinities) become ``null``, as
-    JSON has no token for them; a record is built with None there already.
+    the record is megabytes of JSON, encoded twice an epoch while it holds the
+    interpreter against the agents' streams, and the standard library's encoder
+    takes several times as long. Numbers it cannot represent (NaN, infinities)
+    become ``null``, as JSON has no token for them; a record is built with None
+    there already.
     """
     global _encoded
     last, text = _encoded

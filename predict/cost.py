@@ -2,7 +2,7 @@
 
 Two strategies, chosen by name:
 
-* ``mean_ratio`` (default, the controller's rule) -- the mean over the last ``window``
+* ``mean_ratio`` (these functions' default, the Storm paper's rule) -- the mean over the last ``window``
   slots of ``cpu_seconds / tuples``, skipping slots that processed no tuple (their
   ratio is undefined, and idle slots say nothing about the cost of a tuple);
 * ``ratio_of_sums`` -- total CPU over total tuples in the window, which weights busy

@@ -99,7 +99,7 @@ def linear_trend_many(
     """``LinearTrend(window, floor).forecast(row, 1)[0]`` for every row of a 2-D array.
 
     The controller forecasts thousands of short series per epoch; one call per
-    series cost more than the arithmetic. The same operations run on all rows
+    series costs more than the arithmetic. The same operations run on all rows
     at once, in the same order (row means, then the per-row dot product through
     a stacked ``matmul``, which calls the same dot routine as ``np.dot``), so
     each value is the one :class:`LinearTrend` gives, to the bit. A row with a

@@ -22,7 +22,7 @@
   (by default the max rule). Registered by name as ``seasonal`` (and ``max_rule``)
   in :data:`predict.load.PREDICTORS` when this module is imported.
 
-Seasonal ARIMA (statsmodels SARIMAX) was not used: with a period of tens of slots a
+Seasonal ARIMA (statsmodels SARIMAX) is not used: with a period of tens of slots a
 fit takes seconds, too slow to redo as the period or the data change.
 """
 

@@ -18,8 +18,8 @@ same file is not read again until it changes. A file that disappears leaves
 the models in force too.
 
 A null memory figure (the history does not sample memory per instance) loads
-as 0 % of a slot: the model then bounds CPU only, as the placement did before
-it had models.
+as 0 % of a slot: the model then bounds CPU only, as placement does for an
+operator without a model.
 """
 
 from __future__ import annotations

@@ -810,8 +810,8 @@ class _EncodeOnce:
 
     GetPlan answers with the cached reply of the last decision record until
     the next epoch; at 20,000 instances it is over 10 MB, and encoding it on
-    every call (a dashboard polling it, the wire-scale probe five times a
-    second) held the interpreter for 6-15 ms each time, against the agents'
+    every call (a dashboard or a script polling it several times a second) would
+    hold the interpreter for milliseconds each time, against the agents'
     streams. The reply is never changed once made, so its bytes are kept with it.
     """
 

@@ -37,7 +37,7 @@ moving stateless instances never restarts stateful ones. Per epoch:
      first); they disrupt no stateful worker. One is emptied once it has been
      emptiable for ``stateless_scale_in_patience`` consecutive plans (default
      1: at once, as Alg. 3 checks once a period): where decisions come every
-     half second, a lull of one trace slot would empty a node that the next
+     half second, a lull of one slot would empty a node that the next
      slot's rise refills, and every worker moved pauses;
    - a node holding a stateful worker is emptied only once it has been
      emptiable for ``scale_in_patience`` consecutive plans (least loaded

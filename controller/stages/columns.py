@@ -2,7 +2,7 @@
 
 The stages hand each other mappings keyed by instance (demands, grants, caps,
 hysteresis states), and at 20,000 instances a hash per instance per mapping
-was a large part of an epoch: an instance key is a tuple, whose hash is
+is a large part of an epoch: an instance key is a tuple, whose hash is
 computed afresh on every lookup and touches three more objects. Most of these
 mappings list the same keys in the same order, so :func:`values_in_order`
 first checks that by identity (no hashing) and then reads the values in a

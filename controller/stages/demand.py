@@ -280,7 +280,7 @@ Scv = float | Mapping[OperatorKey, float]
 
 def scv_column(value: Scv, keys: list[OperatorKey]) -> float | np.ndarray:
     """``value`` for ``keys`` in order: the scalar itself (the vectorised paths
-    broadcast it, as before), or an array of each operator's value (1, the
+    broadcast it), or an array of each operator's value (1, the
     Poisson value, for an operator the mapping lacks)."""
     if isinstance(value, Mapping):
         return np.fromiter((value.get(k, 1.0) for k in keys), float, len(keys))

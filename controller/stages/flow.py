@@ -6,11 +6,11 @@ process at most what its grant allows (``G_p / kappa_p`` tuples/s) and at most
 what reaches it (its own rate as bounded here, or what it processed over the
 window if that was more) plus its queue drained (its backlog-drain cores over
 ``kappa_p``). A child sized for more -- its own forecast ran ahead of its
-parents', or the division cut its parents -- would hold CPU it
-cannot use while the operator that limits the chain waits for its own. In the
-decision records of the two-node live benchmark this was most of dsched's
-unused CPU: where the division cut WordCount, the source used 0.95 of its grant
-while split and count were granted a fifth to a third more than they used.
+parents', or the division cut its parents -- would hold CPU it cannot use while
+the operator that limits the chain waits for its own: a shortfall divided in
+proportion to demand leaves the operators downstream of a cut one with CPU for
+tuples it cannot send them, and that CPU stands idle (docs/controller.md, "Flow
+bound", has the measurement).
 
 :func:`bound_by_parents` walks each application in topological order. For an
 operator with parents, ``inflow`` is the sum of what they can send; where that

@@ -336,7 +336,7 @@ def cost_at_rate(
 
     The window's cost per tuple divides its fixed CPU (an instance's own loop,
     its reporting) by the window's tuples; charged per tuple, that part grows
-    with a busier next slot when it does not, and a trace that steps between
+    with a busier next slot when it does not, and a load that steps between
     levels pays it at every step up. The marginal cost never exceeds the
     window's, so the fixed part is never negative. Operators without a marginal
     cost, or whose window processed nothing, keep the window's cost."""
@@ -402,7 +402,7 @@ def operator_columns(
     :func:`operator_cost`, :attr:`OperatorView.selectivity`,
     :attr:`OperatorView.queue_change`) to the bit, but over one array per
     window length: at thousands of operators the per-call overhead, not the
-    arithmetic, was the cost."""
+    arithmetic, is the cost."""
     out = OperatorColumns({}, {}, {}, {}, {})
     groups: dict[int, list[OperatorView]] = {}
     for view in views.values():

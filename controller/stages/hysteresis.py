@@ -14,10 +14,10 @@ The margin adds theta to a cap on average, and a whole theta to a grant the
 division already made a multiple of theta: with a coarse theta it keeps a cap
 from landing just under its demand, but where theta is fine next to the
 instances' demands and the demand already carries its latency margin, it is
-CPU granted for nothing (a dozen instances at theta = 0.005 core hold 0.06 core
-above their grants). ``cap_rounding = "nearest"`` rounds to the nearest
-multiple instead, at least one theta: a cap is then within theta/2 of its grant
-either way and above it no more than below it on average.
+CPU granted for nothing (n instances hold about n x theta above their grants).
+``cap_rounding = "nearest"`` rounds to the nearest multiple instead, at least
+one theta: a cap is then within theta/2 of its grant either way and above it no
+more than below it on average.
 
 Where decisions come often (every half second) the demand of a steady load
 moves by more than theta from one epoch to the next, and the cap would follow
@@ -30,15 +30,15 @@ none of the new ones is further from its old cap than the band
 
 ``lower_after_epochs`` holds a fall back until the cap has stood that many
 epochs (a raise is never held): the scale-down stabilisation of the Kubernetes
-autoscalers and the Flink autoscaler, in epochs. Where a trace's level changes
+autoscalers and the Flink autoscaler, in epochs. Where the load's level changes
 every few epochs, a cap that falls in the epoch after each rise drains its
 queue and is raised again in the next; 0 or 1 (the default 0) is the paper's
 rule.
 
 ``lower_after_falls`` lets a fall through, band or not, once the demand has
 fallen that many epochs in a row (and by theta/2 in all): the band is there
-for noise, and a demand that keeps falling is a trend. On a trace whose levels
-fall smoothly the band would otherwise hold each cap above a falling demand
+for noise, and a demand that keeps falling is a trend. On a load whose level
+falls smoothly the band would otherwise hold each cap above a falling demand
 until it had fallen by the band's share. 0 (the default): off.
 """
 
@@ -81,7 +81,8 @@ def quantize(demand_cores: float, theta: float, rounding: str = "margin") -> flo
 
 
 # NamedTuples rather than frozen dataclasses: an epoch makes two per instance
-# (19,500 at the benchmark's scale), and tuples are built several times faster.
+# (tens of thousands on a cluster of a thousand nodes), and tuples are built
+# several times faster.
 class HysteresisState(NamedTuple):
     """Per-instance memory between epochs (a value: each epoch makes new ones)."""
 

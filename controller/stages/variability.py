@@ -11,7 +11,7 @@ Arrivals. For a renewal process the index of dispersion of counts over a window
 of length T, Var(N) / E(N), tends to c_a² (the limit QNA uses; for a Poisson
 stream it is exactly 1 at every T). A slot's count N_t is such a count. But the
 counts of consecutive slots also move with the load itself -- trends, daily
-shapes, the level steps of a trace -- and that is not burstiness within a slot:
+shapes, the level steps of a load -- and that is not burstiness within a slot:
 the forecast and its quantile already size for it. So the level is removed
 with second differences, D_t = N_t - 2 N_{t-1} + N_{t-2}, which cancel any
 linear trend; for independent counts E[D_t²] = c_a² (E N_t + 4 E N_{t-1} +
